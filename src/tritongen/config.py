@@ -1,0 +1,63 @@
+"""Small frozen configs, one per subsystem. Field docstrings double as CLI help. Pure Python."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: Optional[str] = None
+    """HF directory, `dummy:<preset>`, or None for the default model (SmolLM2-135M-Instruct)."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; defaults to the model's (the default model's for dummy presets)."""
+    dtype: str = "auto"
+    """float32 | bfloat16 | float16 | auto (checkpoint dtype on GPU, float32 on CPU)."""
+    device: str = "auto"
+    """cpu | cuda | cuda:N | auto (cuda when available)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + output in tokens; defaults to the model's max_position_embeddings."""
+    seed: int = 0
+    """Seed for dummy weights and for unseeded sampling."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    num_blocks: Optional[int] = None
+    """KV-cache blocks to allocate; default from kv_cache_memory_gb (CPU) or free GPU memory."""
+    kv_cache_memory_gb: float = 1.0
+    """KV-cache size on CPU when num_blocks is not given."""
+    gpu_memory_utilization: float = 0.90
+    """Fraction of GPU memory the engine may use (weights + activations + KV cache)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step; longer prompts are prefilled in chunks."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        """Split flat keyword arguments (as LLM(...) takes them) into the sub-configs."""
+        parts = {}
+        for name, sub in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+            names = {f.name for f in fields(sub)}
+            parts[name] = sub(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
+        if kwargs:
+            raise TypeError(f"unknown engine options: {sorted(kwargs)}")
+        return cls(**parts)

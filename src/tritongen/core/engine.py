@@ -1,0 +1,178 @@
+"""EngineCore: step = schedule -> runner.execute -> scheduler.update -> detokenize. Pure Python.
+
+The runner (torch side) and the tokenizer are injected, so this file is tested with fakes.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Optional, Protocol, Union
+
+from tritongen.config import SchedulerConfig
+from tritongen.core.block_manager import BlockManager
+from tritongen.core.detokenizer import IncrementalDetokenizer
+from tritongen.core.scheduler import Scheduler
+from tritongen.core.sequence import Sequence
+from tritongen.types import ModelOutput, RequestOutput, SamplingParams, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[int]]
+
+
+class RunnerLike(Protocol):
+    num_blocks: int
+    block_size: int
+
+    def execute(self, sched: SchedulerOutput) -> ModelOutput: ...
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Facts about the model the engine validates requests against."""
+
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
+class EngineCore:
+    def __init__(
+        self,
+        runner: RunnerLike,
+        tokenizer: TokenizerLike,
+        limits: EngineLimits,
+        scheduler_config: SchedulerConfig = SchedulerConfig(),
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        # A request must always fit in the cache on its own, or preemption could never help it.
+        cache_tokens = runner.num_blocks * runner.block_size
+        self.limits = EngineLimits(min(limits.max_model_len, cache_tokens), limits.vocab_size, limits.eos_token_ids)
+        self.block_manager = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(scheduler_config, self.block_manager, self.limits.max_model_len)
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._arrivals = itertools.count()
+        self._pending_outputs: list[RequestOutput] = []
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt is empty (no token ids)")
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.limits.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of the vocabulary [0, {self.limits.vocab_size}): {bad[:5]}")
+        return ids
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
+                    prompt_text: Optional[str] = None) -> Sequence:
+        """Validate and queue a request; raises ValueError naming the problem."""
+        params.validate()
+        ids = self.tokenize(prompt)
+        if len(ids) >= self.limits.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, but max_model_len is {self.limits.max_model_len} "
+                f"(the prompt must be shorter to leave room for at least one output token)")
+        seq = Sequence(request_id, ids, params, self.limits.eos_token_ids, next(self._arrivals),
+                       prompt if isinstance(prompt, str) else prompt_text)
+        self.scheduler.add(seq)
+        self.detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids, params)
+        return seq
+
+    def abort(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort now (blocks freed on return). The final output is also returned by the next step()."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return None
+        out = self._make_output(seq, finished=True)
+        self._pending_outputs.append(out)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending_outputs)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if sched.finished_request_ids:
+                self.runner.execute(sched)  # lets the runner drop per-request state
+            return outputs
+        model_out = self.runner.execute(sched)
+        for seq in self.scheduler.update(sched, model_out):
+            try:
+                outputs.append(self._process(seq))
+            except Exception as exc:  # one broken request must not take down the batch
+                logger.exception("request %s failed", seq.request_id)
+                outputs.append(self._fail(seq, exc))
+        return outputs
+
+    def fail_all(self, exc: BaseException) -> list[RequestOutput]:
+        """End every request with an error (after a failed step); the engine stays usable."""
+        seqs = list(self.scheduler.requests.values())
+        return [self._fail(seq, exc) for seq in seqs]
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> RequestOutput:
+        self.scheduler.finish(seq, "abort")
+        self.detokenizers.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, prompt=seq.prompt,
+            text="", token_ids=list(seq.output_token_ids), delta_text="", delta_token_ids=[],
+            finish_reason="abort", error=f"{type(exc).__name__}: {exc}")
+
+    def _process(self, seq: Sequence) -> RequestOutput:
+        detok = self.detokenizers[seq.request_id]
+        stop = detok.add_tokens(seq.output_token_ids[-1:])
+        if stop is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "stop")
+        return self._make_output(seq, finished=seq.is_finished)
+
+    def _make_output(self, seq: Sequence, finished: bool) -> RequestOutput:
+        detok = self.detokenizers[seq.request_id]
+        if finished:
+            detok.flush()
+            del self.detokenizers[seq.request_id]
+        prev_tokens, seq.num_reported_tokens = seq.num_reported_tokens, seq.num_output_tokens
+        delta_text = detok.take_delta(finished)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            prompt=seq.prompt,
+            text=detok.emitted_text,
+            token_ids=list(seq.output_token_ids),
+            delta_text=delta_text,
+            delta_token_ids=seq.output_token_ids[prev_tokens:],
+            finish_reason=seq.finish_reason,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            delta_logprobs=seq.logprobs[prev_tokens:] if seq.logprobs is not None else None,
+            cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_cache_usage": bm.usage,
+            "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }

@@ -1,0 +1,1 @@
+"""Model implementations (plain PyTorch, HF parameter names), their configs and the loader."""

@@ -1,0 +1,147 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache.
+
+Parameter names equal HF's, so an HF state dict loads directly and ours loads into an HF twin.
+The model sees one flat batch of tokens [T] from many sequences; AttentionMetadata says where each
+sequence's tokens and cache blocks are. Norms and rotary come from ops.reference for now.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tritongen.models.arch import ModelArch
+from tritongen.ops import reference
+from tritongen.ops.attention import AttentionMetadata, paged_attention, write_kv_cache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reference.rms_norm(x, self.weight, self.eps)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for arbitrary positions, computed on the fly from a float32 inv_freq buffer.
+
+    inv_freq must stay float32: build the model in its final dtype (as load_model does) rather than
+    casting the whole module afterwards, or call reset_buffers() after a cast.
+    """
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self._args = (arch.head_dim, arch.rope_theta, arch.rope_scaling)
+        self.register_buffer("inv_freq", reference.rope_inv_freq(*self._args), persistent=False)
+
+    def reset_buffers(self) -> None:
+        # Computed on the CPU like HF, then moved: device pow() may differ in the last ulp.
+        device = self.inv_freq.device if self.inv_freq.device.type != "meta" else torch.device("cpu")
+        self.inv_freq = reference.rope_inv_freq(*self._args).to(device)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return reference.rope_cos_sin(positions, self.inv_freq)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = arch.num_attention_heads
+        self.num_kv_heads = arch.num_key_value_heads
+        self.head_dim = arch.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.sliding_window = arch.layer_sliding_window(layer_idx)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
+        self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = reference.apply_rotary(q, k, cos, sin)
+        # Write first: this step's queries attend to their own keys through the cache.
+        write_kv_cache(k, v, kv_cache, attn.slot_mapping)
+        out = paged_attention(q, kv_cache, attn, self.scale, self.sliding_window)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        h, i, bias = arch.hidden_size, arch.intermediate_size, arch.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(reference.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(arch, layer_idx)
+        self.mlp = LlamaMLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(arch)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, attn)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T], kv_caches, attn) -> final hidden states [T, hidden]."""
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.model = LlamaModel(arch)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with lm_head when the config says so (call again after to_empty)."""
+        if self.arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent buffers (after building on the meta device and to_empty)."""
+        self.model.rotary_emb.reset_buffers()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in float32 for the rows of `hidden` that are sampled."""
+        return self.lm_head(hidden).float()
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        a = self.arch
+        return (2, num_blocks, block_size, a.num_key_value_heads, a.head_dim)

@@ -1,0 +1,140 @@
+"""Configs for `dummy:<preset>` models: random weights of a known shape, no download needed.
+
+Tiny presets exist for tests: vocab 49152 and eos 2 / bos 1 match the default tokenizer
+(SmolLM2's: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|>), so their output detokenizes. Each
+varies one family feature: GQA vs MHA, tied embeddings, qkv bias, sliding window, rope scaling.
+The real shapes are the Hub config.json files verbatim (classic layout), for benchmarks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _tiny(**overrides: Any) -> dict:
+    base = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+    base.update(overrides)
+    return base
+
+
+_LLAMA_2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+
+_LLAMA_2_13B = {
+    **_LLAMA_2_7B,
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "num_attention_heads": 40,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 40,
+}
+
+_LLAMA_3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+# The default model's shape (SmolLM2-135M-Instruct), for benchmarks without the checkpoint.
+_SMOLLM2_135M = _tiny(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+
+PRESETS: dict[str, dict] = {
+    "tiny-llama": _tiny(),
+    "tiny-llama-mha": _tiny(num_key_value_heads=4, tie_word_embeddings=True),
+    "tiny-qwen2": _tiny(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+    # A small window so that short test prompts already cross it.
+    "tiny-mistral": _tiny(
+        architectures=["MistralForCausalLM"],
+        model_type="mistral",
+        sliding_window=16,
+        rope_theta=1000000.0,
+    ),
+    # transformers 5.x layout: rope settings under rope_parameters; two EOS ids.
+    "tiny-llama3": {
+        **{k: v for k, v in _tiny().items() if k not in ("rope_theta", "rope_scaling")},
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "eos_token_id": [2, 0],
+    },
+    "smollm2-135m": _SMOLLM2_135M,
+    "llama-2-7b": _LLAMA_2_7B,
+    "llama-2-13b": _LLAMA_2_13B,
+    "llama-3-8b": _LLAMA_3_8B,
+}

@@ -1,0 +1,24 @@
+"""Architecture name (config.json "architectures"[0]) -> our model class."""
+from __future__ import annotations
+
+from torch import nn
+
+from tritongen.models.arch import SUPPORTED_ARCHITECTURES, unsupported_architecture_error
+from tritongen.models.llama import LlamaForCausalLM
+
+# One class covers the whole Llama family; differences (qkv bias, tied embeddings, sliding window,
+# rope scaling) are ModelArch fields.
+_MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+}
+assert set(_MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
+
+
+def get_model_class(arch_name: str) -> type[nn.Module]:
+    """The class implementing `arch_name`; ValueError listing the supported ones otherwise."""
+    try:
+        return _MODEL_CLASSES[arch_name]
+    except KeyError:
+        raise unsupported_architecture_error(arch_name) from None

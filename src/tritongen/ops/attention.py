@@ -1,0 +1,122 @@
+"""Paged attention: the metadata the runner builds each step, and dispatch to an implementation.
+
+KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V).
+Slot s lives at block s // block_size, offset s % block_size.
+
+Only the pure-PyTorch reference exists today. GPU kernels register themselves in _BACKENDS under
+a new name (same signatures as the reference) and are chosen with set_attention_backend(); the
+model code only ever calls write_kv_cache() and paged_attention().
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import torch
+
+from tritongen.ops import reference
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens sit in the paged KV cache. Shared by every layer of the step."""
+
+    slot_mapping: torch.Tensor
+    """[T] int64: cache slot (block_id * block_size + offset) of each new token; < 0 = padding."""
+    query_start_loc: torch.Tensor
+    """[B+1] int32 on device: token offsets of each sequence in the flat batch."""
+    seq_lens: torch.Tensor
+    """[B] int32 on device: context length of each sequence after this step."""
+    block_tables: torch.Tensor
+    """[B, max_blocks] int32 on device, padded with 0."""
+    query_start_loc_cpu: list[int]
+    """Host copy of query_start_loc (the reference loops over sequences on the host)."""
+    seq_lens_cpu: list[int]
+    """Host copy of seq_lens."""
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def max_query_len(self) -> int:
+        starts = self.query_start_loc_cpu
+        return max((b - a for a, b in zip(starts, starts[1:])), default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_cpu, default=0)
+
+
+def build_attention_metadata(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Metadata for a flat batch where sequence i feeds query_lens[i] tokens ending at seq_lens[i]."""
+    qsl = [0]
+    slots: list[int] = []
+    for q_len, seq_len, table in zip(query_lens, seq_lens, block_tables):
+        if q_len > seq_len or len(table) * block_size < seq_len:
+            raise ValueError(f"bad sequence: q_len={q_len} seq_len={seq_len} blocks={len(table)}")
+        qsl.append(qsl[-1] + q_len)
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(seq_len - q_len, seq_len))
+    width = max((len(t) for t in block_tables), default=0)
+    padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(padded), width),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=list(seq_lens),
+        block_size=block_size,
+    )
+
+
+class AttentionBackend(NamedTuple):
+    write_kv_cache: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    """(k [T, Hkv, D], v [T, Hkv, D], kv_cache, slot_mapping) -> None"""
+    paged_attention: Callable[..., torch.Tensor]
+    """(q [T, Hq, D], kv_cache, meta, scale, sliding_window=None) -> [T, Hq, D]"""
+
+
+_BACKENDS: dict[str, AttentionBackend] = {
+    "reference": AttentionBackend(reference.write_kv_cache_ref, reference.paged_attention_ref),
+}
+_backend_name = "reference"
+
+
+def register_attention_backend(name: str, backend: AttentionBackend) -> None:
+    _BACKENDS[name] = backend
+
+
+def set_attention_backend(name: str) -> None:
+    """Choose the implementation used by every layer from now on (process-wide)."""
+    global _backend_name
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
+    _backend_name = name
+
+
+def get_attention_backend() -> str:
+    return _backend_name
+
+
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store this step's k, v [T, Hkv, D] into the layer's paged cache at slot_mapping."""
+    _BACKENDS[_backend_name].write_kv_cache(k, v, kv_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: Optional[int] = None,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]."""
+    return _BACKENDS[_backend_name].paged_attention(q, kv_cache, meta, scale, sliding_window)

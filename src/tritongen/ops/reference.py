@@ -1,0 +1,159 @@
+"""Pure-PyTorch reference ops: the oracle every fast kernel is tested against.
+
+Each op reproduces HF transformers' Llama arithmetic (same dtypes, same order of operations) so that
+float32 greedy decoding matches HF token for token. Clarity beats speed here.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from tritongen.ops.attention import AttentionMetadata
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm: normalize in float32, cast back to x's dtype, then scale by weight."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU activation of Llama's MLP: silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary embedding
+# ---------------------------------------------------------------------------------------------
+
+def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: Optional[dict] = None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in float32 on CPU, computed exactly as HF computes them."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim
+    inv_freq = 1.0 / (rope_theta ** exponents)
+    rope_type = (rope_scaling or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / rope_scaling["factor"]
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope_scaling)
+    raise ValueError(f"unsupported rope type {rope_type!r}")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between."""
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_context_len = s["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low
+    high_freq_wavelen = old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [T, head_dim] in float32 for the given positions (HF's duplicated-half layout)."""
+    # A single float32 product per element: bit-identical to HF's inv_freq @ position_ids.
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by cos/sin [T, D]; like HF, in the dtype of q and k."""
+    cos = cos.to(q.dtype).unsqueeze(1)
+    sin = sin.to(q.dtype).unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged KV cache and attention
+# ---------------------------------------------------------------------------------------------
+
+def write_kv_cache_ref(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store k, v [T, Hkv, D] at flat slots (block_id * block_size + offset); slots < 0 are padding."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):  # host sync; acceptable in the oracle
+        k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+    k_flat.index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    v_flat.index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [seq_len, Hkv, D] of one sequence, read through its block table."""
+    block_size = kv_cache.shape[2]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = block_table[:num_blocks].long()
+    k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
+    v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+    return k, v
+
+
+def causal_mask(q_len: int, seq_len: int, device: torch.device,
+                sliding_window: Optional[int] = None) -> torch.Tensor:
+    """[q_len, seq_len] bool, True = may attend. Queries sit at the last q_len positions."""
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window  # HF's sliding_window_overlay
+    return mask
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Masked softmax attention of q [L, Hq, D] over k, v [S, Hkv, D] in float32; GQA by repeating KV."""
+    n_rep = q.shape[1] // k.shape[1]
+    # Query head h reads KV head h // n_rep, as HF's repeat_kv lays them out.
+    k = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k
+    v = v.repeat_interleave(n_rep, dim=1) if n_rep > 1 else v
+    qf, kf, vf = (t.to(torch.float32).transpose(0, 1) for t in (q, k, v))  # [H, L|S, D]
+    scores = torch.matmul(qf, kf.transpose(1, 2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, vf).transpose(0, 1).to(q.dtype)
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: "AttentionMetadata",
+    scale: float,
+    sliding_window: Optional[int] = None,
+) -> torch.Tensor:
+    """Causal attention of the flat batch q [T, Hq, D] against each sequence's cached K/V.
+
+    Sequence i's queries are q[query_start_loc[i]:query_start_loc[i+1]], at the last q_len of its
+    seq_lens[i] positions; the cache must already hold all seq_lens[i] positions (write first).
+    """
+    out = torch.zeros_like(q)
+    starts = meta.query_start_loc_cpu
+    for i, seq_len in enumerate(meta.seq_lens_cpu):
+        start, end = starts[i], starts[i + 1]
+        if end == start:
+            continue
+        k, v = gather_kv(kv_cache, meta.block_tables[i], seq_len)
+        mask = causal_mask(end - start, seq_len, q.device, sliding_window)
+        out[start:end] = attend(q[start:end], k, v, mask, scale)
+    return out

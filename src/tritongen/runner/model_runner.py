@@ -1,0 +1,157 @@
+"""The torch side of a step: flat batch tensors -> model -> logits of the sampling rows -> sampler.
+
+The paged KV cache is allocated once here. Per step only the small index tensors go to the
+device and only the sampled ids (plus logprobs when asked) come back.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
+from tritongen.models.arch import ModelArch
+from tritongen.models.loader import load_model
+from tritongen.ops.attention import AttentionMetadata
+from tritongen.runner.sampler import Sampler
+from tritongen.types import ModelOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    if name != "auto":
+        if name not in _DTYPES:
+            raise ValueError(f"unknown dtype {name!r}; choose from float32, bfloat16, float16, auto")
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32  # CPU matmuls in half precision are slow and inexact
+    if checkpoint_dtype in ("float16", "bfloat16"):
+        return _DTYPES[checkpoint_dtype]
+    return torch.bfloat16
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
+                 scheduler_config: SchedulerConfig, model_path: str) -> None:
+        self.device = resolve_device(model_config.device)
+        torch.manual_seed(model_config.seed)
+        from tritongen.models.loader import read_arch
+
+        arch = read_arch(model_path)
+        self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
+        self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed)
+        self.model.eval()
+        self.block_size = cache_config.block_size
+        self.num_blocks = cache_config.num_blocks or self._num_blocks_from_memory(cache_config, scheduler_config)
+        self.kv_caches = self._allocate_kv_cache()
+        self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed)
+        self._pin = self.device.type == "cuda"
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens) on %s, %s",
+                    self.num_blocks, self.block_size, self.num_blocks * self.block_size, self.device, self.dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        a = self.arch
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim * elt
+
+    def _num_blocks_from_memory(self, cache: CacheConfig, sched: SchedulerConfig) -> int:
+        if self.device.type != "cuda":
+            return max(1, int(cache.kv_cache_memory_gb * (1 << 30)) // self.bytes_per_block)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        a = self.arch
+        # Rough activation reserve for one step at the full token budget (refined by the GPU issue).
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        act = sched.max_num_batched_tokens * (4 * a.hidden_size + 3 * a.intermediate_size) * elt
+        act += sched.max_num_seqs * a.vocab_size * 4 * 3
+        budget = total * cache.gpu_memory_utilization - used_by_others - torch.cuda.memory_allocated(self.device) - act
+        num_blocks = int(budget) // self.bytes_per_block
+        if num_blocks < 1:
+            raise RuntimeError(f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB); "
+                               "raise --gpu-memory-utilization or use a smaller model")
+        return num_blocks
+
+    def _allocate_kv_cache(self) -> list[torch.Tensor]:
+        a = self.arch
+        shape = (2, self.num_blocks, self.block_size, a.num_key_value_heads, a.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(a.num_hidden_layers)]
+
+    def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.tensor(data, dtype=dtype)
+        if self._pin:
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+    def _prepare(self, sched: SchedulerOutput) -> _Batch:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        logits_idx: list[int] = []
+        max_blocks = max(len(s.block_table) for s in sched.seqs)
+        tables: list[list[int]] = []
+        for s in sched.seqs:
+            input_ids.extend(s.token_ids)
+            pos = range(s.start_pos, s.seq_len)
+            positions.extend(pos)
+            table = s.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            qsl.append(qsl[-1] + s.num_new_tokens)
+            seq_lens.append(s.seq_len)
+            tables.append(table + [0] * (max_blocks - len(table)))
+            if s.do_sample:
+                logits_idx.append(qsl[-1] - 1)
+        attn = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.int64),
+            query_start_loc=self._to_device(qsl, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
+            block_tables=self._to_device(tables, torch.int32),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+            block_size=bs,
+        )
+        return _Batch(self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64),
+                      attn, self._to_device(logits_idx, torch.int64))
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelOutput:
+        self.sampler.drop(sched.finished_request_ids)
+        if sched.is_empty:
+            return ModelOutput(sampled_token_ids=[])
+        batch = self._prepare(sched)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        sampling = [s for s in sched.seqs if s.do_sample]
+        if not sampling:
+            return ModelOutput(sampled_token_ids=[])
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        ids, logprobs = self.sampler.sample(logits, sampling)
+        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
+
+    @property
+    def model_arch(self) -> ModelArch:
+        return self.arch
