@@ -129,7 +129,7 @@ PRESETS: dict[str, dict] = {
             "factor": 8.0,
             "low_freq_factor": 1.0,
             "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
+            "original_max_position_embeddings": 1024,
         },
         "eos_token_id": [2, 0],
     },

@@ -140,7 +140,8 @@ class Sampler:
         use_top_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
         knobs = torch.tensor(
-            [[p.temperature,
+            # A temperature below 1e-5 is as good as greedy; the floor keeps logits / T finite.
+            [[max(p.temperature, 1e-5),
               p.top_k if 0 < p.top_k < vocab else vocab,
               p.top_p if p.top_p < 1.0 else math.inf,  # inf: rounding in cumsum never drops a token
               p.min_p] for p in params],
@@ -159,7 +160,9 @@ class Sampler:
         q = self._exponentials(seqs, probs.shape, probs.device)
         return (probs / q).argmax(dim=-1)
 
-    def _exponentials(self, seqs: list[ScheduledSeq], shape: torch.Size, device: torch.device) -> torch.Tensor:
+    def _exponentials(
+        self, seqs: list[ScheduledSeq], shape: torch.Size, device: torch.device
+    ) -> torch.Tensor:
         """Exp(1) variates: one V-vector per seeded row from its own generator, the rest in one draw."""
         q = torch.empty(shape, dtype=torch.float32, device=device)
         seeded = [i for i, s in enumerate(seqs) if s.params.seed is not None]
@@ -214,7 +217,9 @@ class Sampler:
         return ids, out
 
 
-def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, use_top_p: bool) -> torch.Tensor:
+def _top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, use_top_p: bool
+) -> torch.Tensor:
     """Set to -inf every token outside each row's top_k, then outside its top_p nucleus; one sort.
 
     top_k: [N] long (vocab = off); top_p: [N] float (inf = off). Top-p is taken over the

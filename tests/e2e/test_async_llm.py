@@ -1,0 +1,94 @@
+"""AsyncLLM: concurrent streams, bad input, early exit aborts, a failing request stays alone."""
+import asyncio
+
+import pytest
+
+from tritongen import AsyncLLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = AsyncLLM("dummy:tiny-llama", dtype="float32", device="cpu")
+    yield engine
+    engine.shutdown()
+
+
+def collect(llm, prompt, params, rid=None):
+    async def run():
+        return [o async for o in llm.generate(prompt, params, rid)]
+    return asyncio.run(run())
+
+
+def test_stream_deltas_add_up(llm):
+    outs = collect(llm, "Hello there", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    final = outs[-1]
+    assert final.finished and final.finish_reason == "length"
+    assert sum(len(o.delta_token_ids) for o in outs) == 10 == len(final.token_ids)
+    assert "".join(o.delta_text for o in outs) == final.text
+    assert final.num_prompt_tokens == len(llm.tokenizer.encode("Hello there"))
+
+
+def test_concurrent_streams_match_sequential(llm):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [[i + 1, i + 2, i + 3] for i in range(12)]
+    seq = [collect(llm, p, params)[-1].token_ids for p in prompts]
+
+    async def run():
+        async def one(p):
+            return [o async for o in llm.generate(p, params)][-1].token_ids
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    assert asyncio.run(run()) == seq
+
+
+@pytest.mark.parametrize("prompt,params,match", [
+    ("", SamplingParams(), "empty"),
+    ([1, 10 ** 7], SamplingParams(), "vocabulary"),
+    ([1] * 5000, SamplingParams(), "max_model_len"),
+    ("hi", SamplingParams(max_tokens=0), "max_tokens"),
+    ("hi", SamplingParams(top_p=1.5), "top_p"),
+])
+def test_bad_input_raises_and_engine_keeps_serving(llm, prompt, params, match):
+    with pytest.raises(ValueError, match=match):
+        collect(llm, prompt, params)
+    ok = collect(llm, "fine", SamplingParams(max_tokens=2, ignore_eos=True))
+    assert ok[-1].finished and len(ok[-1].token_ids) == 2
+
+
+def test_breaking_out_aborts_and_frees_blocks(llm):
+    async def run():
+        gen = llm.generate("x y z", SamplingParams(max_tokens=1000, ignore_eos=True), "leaver")
+        async for _ in gen:
+            break
+        await gen.aclose()
+        for _ in range(100):
+            st = llm.stats()
+            if st["num_running"] == 0 and st["kv_blocks_free"] == st["kv_blocks_total"]:
+                return st
+            await asyncio.sleep(0.02)
+        return llm.stats()
+
+    st = asyncio.run(run())
+    assert st["num_running"] == 0 and st["kv_blocks_free"] == st["kv_blocks_total"]
+
+
+def test_one_failing_request_does_not_take_down_others(llm):
+    detoks = llm.engine.detokenizers
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def run():
+        async def poisoned():
+            gen = llm.generate("poison", SamplingParams(max_tokens=500, ignore_eos=True), "poisoned")
+            first = await gen.__anext__()
+            if not first.finished:  # break its detokenizer from outside: the next step raises for it alone
+                detoks["poisoned"].tokenizer = None
+            return [first] + [o async for o in gen]
+
+        async def healthy():
+            return [o async for o in llm.generate("healthy", params, "healthy")]
+
+        return await asyncio.gather(poisoned(), healthy())
+
+    bad, good = asyncio.run(run())
+    assert bad[-1].finish_reason == "abort" and bad[-1].error
+    assert good[-1].finish_reason == "length" and len(good[-1].token_ids) == 5
