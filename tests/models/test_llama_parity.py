@@ -273,7 +273,7 @@ def test_real_smollm2_greedy_matches_hf(default_model_dir: str) -> None:
     prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
     net, arch = load_model(default_model_dir, torch.float32, CPU)
     seq = _Seq(list(prompt), _free_blocks(6))
-    seq.table += [seq.table[-1] + NUM_BLOCKS + i for i in range(8)]  # room to decode into
+    seq.table += [NUM_BLOCKS + i for i in range(8)]  # room to decode into (blocks the free list lacks)
     kv = [torch.full((2, 2 * NUM_BLOCKS, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim), float("nan"))
           for _ in range(arch.num_hidden_layers)]
     logprobs, q_len = [], len(prompt)
