@@ -50,7 +50,8 @@ def read_arch(model: str) -> ModelArch:
 def load_model(
     model: str, dtype: torch.dtype, device: torch.device, seed: int = 0
 ) -> tuple[LlamaForCausalLM, ModelArch]:
-    """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed."""
+    """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
+    and device type (they are drawn on the device, so CPU and CUDA draws differ)."""
     device = torch.device(device)
     arch = read_arch(model)
     net = build_empty_model(arch, dtype, device)
