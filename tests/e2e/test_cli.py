@@ -1,0 +1,36 @@
+"""The tritongen command line, run as a user would (a subprocess)."""
+import os
+import subprocess
+import sys
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+
+
+def tritongen(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    return subprocess.run([sys.executable, "-m", "tritongen.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_generate_streams_text_and_reports_usage():
+    r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--max-tokens", "5", "--stream",
+                  "--no-chat", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "finish_reason=length" in r.stderr and "completion_tokens=5" in r.stderr
+    assert r.stdout.strip()
+
+
+def test_unknown_model_path_is_a_clear_error():
+    r = tritongen("generate", "Hello", "--model", "/no/such/model")
+    assert r.returncode == 2
+    assert "/no/such/model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_preset_lists_presets():
+    r = tritongen("generate", "Hello", "--model", "dummy:nope")
+    assert r.returncode == 2 and "tiny-llama" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_sampling_value_is_a_clear_error():
+    r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--top-p", "0", "--device", "cpu")
+    assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
