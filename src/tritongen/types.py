@@ -42,6 +42,9 @@ class SamplingParams:
     """Keep the matched stop string in the text."""
     logprobs: Optional[int] = None
     """Return the chosen token's logprob and this many top alternatives (0 = chosen only)."""
+    prompt_logprobs: Optional[int] = None
+    """Return each prompt token's logprob (given the tokens before it) and this many top alternatives.
+    Such requests skip prefix-cache hits: every prompt position must go through the model."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the detokenized text."""
 
@@ -82,6 +85,9 @@ class SamplingParams:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             bad(f"logprobs must be an integer in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and (
+                not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20):
+            bad(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad(f"seed must be an integer, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -118,6 +124,9 @@ class RequestOutput:
     logprobs: Optional[list[TokenLogprob]] = None
     """One entry per generated token when SamplingParams.logprobs is set."""
     delta_logprobs: Optional[list[TokenLogprob]] = None
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+    """One entry per prompt token when SamplingParams.prompt_logprobs is set; the first is None
+    (nothing predicts it). Complete in every output of the request."""
     cumulative_logprob: Optional[float] = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
@@ -193,3 +202,6 @@ class ModelOutput:
     sampled_token_ids: list[int]
     logprobs: Optional[list[Optional[TokenLogprob]]] = None
     """Aligned with sampled_token_ids; None entries for requests that did not ask."""
+    prompt_logprobs: Optional[dict[str, list[TokenLogprob]]] = None
+    """request_id -> logprobs of prompt tokens start_pos+1, start_pos+2, ... computed this step
+    (one per scheduled prompt position that has a next prompt token); only requests that ask."""

@@ -162,6 +162,7 @@ class EngineCore:
             logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
             delta_logprobs=seq.logprobs[prev_tokens:] if seq.logprobs is not None else None,
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+            prompt_logprobs=list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens,
         )
 

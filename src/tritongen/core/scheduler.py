@@ -98,7 +98,8 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            computed = bm.get_computed_blocks(seq)
+            # Prompt logprobs need every prompt position through the model: no prefix-cache hits.
+            computed = bm.get_computed_blocks(seq) if seq.params.prompt_logprobs is None else []
             num_cached = len(computed) * bm.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if not bm.allocate_slots(seq, num_new, computed):
@@ -139,7 +140,10 @@ class Scheduler:
         """
         updated: list[Sequence] = []
         k = 0
+        prompt_lps = model_out.prompt_logprobs or {}
         for s in sched.seqs:
+            if s.request_id in prompt_lps and s.request_id in self.requests:
+                self.requests[s.request_id].add_prompt_logprobs(s.start_pos, prompt_lps[s.request_id])
             if not s.do_sample:
                 seq = self.requests.get(s.request_id)
                 if seq is not None:

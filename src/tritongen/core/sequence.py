@@ -50,6 +50,9 @@ class Sequence:
         self.finish_reason: Optional[FinishReason] = None
         self.logprobs: Optional[list[TokenLogprob]] = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        self.prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = (
+            [None] if params.prompt_logprobs is not None else None)
+        """Logprob of prompt token i at index i (none for token 0); filled as prefill chunks run."""
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +85,15 @@ class Sequence:
             self.cumulative_logprob += logprob.logprob
             if self.logprobs is not None:
                 self.logprobs.append(logprob)
+
+    def add_prompt_logprobs(self, start_pos: int, logprobs: list[TokenLogprob]) -> None:
+        """Record prompt logprobs for tokens start_pos+1..; positions already known (a prefill
+        recomputed after preemption) are skipped."""
+        if self.prompt_logprobs is None:
+            return
+        skip = len(self.prompt_logprobs) - (start_pos + 1)
+        if 0 <= skip < len(logprobs):
+            self.prompt_logprobs.extend(logprobs[skip:])
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: drop the KV; prompt + output so far are prefilled again later."""

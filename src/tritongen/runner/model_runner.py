@@ -15,7 +15,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
 from tritongen.ops.attention import AttentionMetadata
 from tritongen.runner.sampler import Sampler
-from tritongen.types import ModelOutput, SchedulerOutput
+from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -145,12 +145,43 @@ class ModelRunner:
             return ModelOutput(sampled_token_ids=[])
         batch = self._prepare(sched)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        prompt_lps = None
+        if any(s.params.prompt_logprobs is not None for s in sched.seqs):
+            prompt_lps = self._prompt_logprobs(hidden, sched)
         sampling = [s for s in sched.seqs if s.do_sample]
         if not sampling:
-            return ModelOutput(sampled_token_ids=[])
+            return ModelOutput(sampled_token_ids=[], prompt_logprobs=prompt_lps)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         ids, logprobs = self.sampler.sample(logits, sampling)
-        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
+        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs, prompt_logprobs=prompt_lps)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, sched: SchedulerOutput) -> dict[str, list[TokenLogprob]]:
+        """Logprobs of the next prompt token at every scheduled prompt position of the requests
+        that ask (the row at position p predicts prompt token p+1)."""
+        out: dict[str, list[TokenLogprob]] = {}
+        row = 0
+        for s in sched.seqs:
+            first, row = row, row + s.num_new_tokens
+            end = min(s.seq_len, len(s.prompt_token_ids) - 1)  # last position with a next prompt token
+            if s.params.prompt_logprobs is None or s.start_pos >= end:
+                continue
+            targets = s.prompt_token_ids[s.start_pos + 1:end + 1]
+            out[s.request_id] = self._score_rows(hidden[first:first + end - s.start_pos], targets,
+                                                 s.params.prompt_logprobs)
+        return out
+
+    def _score_rows(self, hidden: torch.Tensor, targets: list[int], k: int) -> list[TokenLogprob]:
+        # Slices of 256 rows bound the [rows, vocab] float32 temporaries.
+        result: list[TokenLogprob] = []
+        for i in range(0, len(targets), 256):
+            logits = self.model.compute_logits(hidden[i:i + 256])[:, : self.sampler.vocab_size].float()
+            lp = torch.log_softmax(logits, dim=-1)
+            tgt = torch.tensor(targets[i:i + 256], device=lp.device)
+            chosen = lp.gather(1, tgt.unsqueeze(1)).squeeze(1).tolist()
+            top_lp, top_ids = lp.topk(k, dim=-1) if k > 0 else (lp[:, :0], lp[:, :0].long())
+            for t, c, tl, ti in zip(targets[i:i + 256], chosen, top_lp.tolist(), top_ids.tolist()):
+                result.append(TokenLogprob(token_id=t, logprob=c, top=list(zip(ti, tl))))
+        return result
 
     @property
     def model_arch(self) -> ModelArch:
