@@ -1,0 +1,1 @@
+"""Benchmarks: datasets, load generator, metrics, roofline, and the `tritongen bench` commands."""
