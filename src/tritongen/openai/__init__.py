@@ -1,0 +1,1 @@
+"""OpenAI-compatible API server (FastAPI) over the in-process engine."""
