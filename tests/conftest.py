@@ -1,9 +1,15 @@
 import os
 import sys
 
-# Tests import the package from the source tree even when it is not installed.
+# Tests import the package from the source tree even when it is not installed. pytest runs in
+# importlib mode (pyproject.toml) so that tests/ never lands on sys.path: tests/triton would
+# otherwise shadow the real `triton` package that torch probes for.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-sys.path.insert(0, os.path.dirname(__file__))
+# Helper modules (fakes.py, triton_helpers.py, oai_helpers.py, ...) import by their own names.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _sub in sorted(os.listdir(_HERE)):
+    if os.path.isdir(os.path.join(_HERE, _sub)) and not _sub.startswith((".", "_")):
+        sys.path.insert(0, os.path.join(_HERE, _sub))
 
 import pytest
 

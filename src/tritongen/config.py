@@ -21,6 +21,10 @@ class ModelConfig:
     """Longest prompt + output in tokens; defaults to the model's max_position_embeddings."""
     seed: int = 0
     """Seed for dummy weights and for unseeded sampling."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs for decode steps (always run eager PyTorch)."""
+    attention_backend: str = "auto"
+    """reference | triton | auto (Triton kernels on CUDA when the triton package is installed)."""
 
 
 @dataclass(frozen=True)

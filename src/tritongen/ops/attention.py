@@ -10,6 +10,7 @@ model code only ever calls write_kv_cache() and paged_attention().
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
@@ -39,7 +40,7 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
 
-    @property
+    @cached_property
     def max_query_len(self) -> int:
         starts = self.query_start_loc_cpu
         return max((b - a for a, b in zip(starts, starts[1:])), default=0)
@@ -104,6 +105,25 @@ def set_attention_backend(name: str) -> None:
 
 def get_attention_backend() -> str:
     return _backend_name
+
+
+def select_attention_backend(name: str, device: torch.device) -> str:
+    """Pick the backend for a device: "auto" takes the Triton kernels on CUDA when the triton
+    package is importable, else the reference. Returns the chosen name."""
+    if name == "auto":
+        name = "reference"
+        if device.type == "cuda":
+            try:
+                import triton  # noqa: F401
+                name = "triton"
+            except ImportError:
+                pass
+    if name == "triton" and "triton" not in _BACKENDS:
+        from tritongen.ops import triton_attention as ta
+
+        register_attention_backend("triton", AttentionBackend(ta.write_kv_cache_triton, ta.paged_attention_triton))
+    set_attention_backend(name)
+    return name
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -13,7 +13,8 @@ import torch
 from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
 from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
-from tritongen.ops.attention import AttentionMetadata
+from tritongen.ops.attention import AttentionMetadata, select_attention_backend
+from tritongen.runner.cuda_graph import maybe_build_graphs
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
 
@@ -68,6 +69,12 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed)
         self._pin = self.device.type == "cuda"
+        self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
+        max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
+                      self.num_blocks * self.block_size)
+        self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
+                                         self.attention_backend, scheduler_config.max_num_seqs, max_len,
+                                         self.block_size)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens) on %s, %s",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size, self.device, self.dtype)
 
@@ -143,6 +150,11 @@ class ModelRunner:
         self.sampler.drop(sched.finished_request_ids)
         if sched.is_empty:
             return ModelOutput(sampled_token_ids=[])
+        if self.graphs is not None and self.graphs.can_run(sched.seqs):
+            hidden = self.graphs.run(sched.seqs)  # pure decode: every row samples, in order
+            logits = self.model.compute_logits(hidden)
+            ids, logprobs = self.sampler.sample(logits, sched.seqs)
+            return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
         batch = self._prepare(sched)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         prompt_lps = None

@@ -1,0 +1,138 @@
+"""Triton-language kernels for the paged KV cache: KV write and one attention kernel for prefill,
+chunked prefill (extend over a cached prefix) and decode.
+
+One program handles one sequence, one KV head and a tile of query rows. Rows pack
+(query token, query head of the KV head's group), so GQA loads each KV tile once for the whole
+group and decode still fills the tensor-core tile with the group's heads. Keys are walked in
+tiles of BLOCK_N slots gathered through the block table, with an online softmax in float32.
+
+Everything here takes device tensors only (no host lists), so decode steps can be captured in
+CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
+TRITON_INTERPRET=1 these kernels also run (slowly) on the CPU, which is how they are tested
+without a GPU.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tritongen.ops.attention import AttentionMetadata
+
+
+@triton.jit
+def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_cs, stride_ch,
+                     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(SLOTS + t)
+    if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        ok = (d < HEAD_DIM) & (h < NUM_HEADS)
+        src = t * stride_kt + h * stride_kh + d
+        dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
+        tl.store(KC + dst, tl.load(K + src, mask=ok), mask=ok)
+        tl.store(VC + dst, tl.load(V + src, mask=ok), mask=ok)
+
+
+def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    T, H, D = k.shape
+    if T == 0:
+        return
+    kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
+    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), kc.stride(1), kc.stride(2),
+                           NUM_HEADS=H, BLOCK_H=triton.next_power_of_2(H), HEAD_DIM=D,
+                           BLOCK_D=triton.next_power_of_2(D))
+
+
+@triton.jit
+def _paged_attn_kernel(
+    Q, K, V, O, BT, SEQ_LENS, QSL, scale, window,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, USE_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    tile = tl.program_id(2)
+    TOKS: tl.constexpr = BLOCK_M // GROUP
+    q_start = tl.load(QSL + seq)
+    q_len = tl.load(QSL + seq + 1) - q_start
+    if tile * TOKS >= q_len:
+        return
+    ctx = tl.load(SEQ_LENS + seq) - q_len  # position of this sequence's first query token
+    r = tl.arange(0, BLOCK_M)
+    tok = tile * TOKS + r // GROUP
+    head = kvh * GROUP + r % GROUP
+    row_ok = (r // GROUP < TOKS) & (tok < q_len)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(Q + (q_start + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = ctx + tok
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = ctx + tl.minimum((tile + 1) * TOKS, q_len)  # causal: nothing past the tile's last query
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(ctx + tile * TOKS - window + 1, 0) // BLOCK_N * BLOCK_N
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
+        off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            qk = tl.dot(q, tl.trans(k)) * scale
+        keep = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        if USE_WINDOW:
+            keep = keep & (n[None, :] > q_pos[:, None] - window)
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(O + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                           sliding_window: Optional[int] = None) -> torch.Tensor:
+    T, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    max_q = meta.max_query_len
+    if T == 0 or max_q == 0:
+        return out
+    block_m = max(16, triton.next_power_of_2(group))
+    if max_q > 1:
+        block_m = max(block_m, 64)
+    toks = block_m // group
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
+    _paged_attn_kernel[grid](
+        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        scale, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
+        IEEE=q.dtype == torch.float32,
+    )
+    return out
