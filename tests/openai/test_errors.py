@@ -2,7 +2,7 @@
 import httpx
 import pytest
 
-from conftest import MODEL
+from oai_helpers import MODEL
 
 CHAT = [{"role": "user", "content": "hi"}]
 

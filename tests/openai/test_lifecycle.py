@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL, ServerThread, make_engine, metric
+from oai_helpers import MODEL, ServerThread, make_engine, metric
 
 
 def wait_for(cond, timeout=5.0):

@@ -4,7 +4,7 @@ import asyncio
 import httpx
 import torch
 
-from conftest import MODEL
+from oai_helpers import MODEL
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 NO_EOS = {"ignore_eos": True}
