@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.fake_servers import FakeOpenAIServer
+from fake_servers import FakeOpenAIServer
 from tritongen.bench.datasets import BenchRequest
 from tritongen.bench.loadgen import LoadShape, run_serve_benchmark
 from tritongen.bench.results import summarize

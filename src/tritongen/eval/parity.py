@@ -1,0 +1,149 @@
+"""`eval parity`: our engine against HF transformers on the same weights, greedy, token by token.
+
+HF runs with eager attention (the arithmetic our reference ops reproduce). For `dummy:` presets the
+HF model is a twin holding the engine's own random weights (models.hf_twin); HF directories are
+loaded with from_pretrained. Both stop at the model's EOS.
+Reported: token match (tokens of the common prefix over the longer output, summed over prompts),
+sequences identical, first divergence position, max |Δ logprob| of the chosen tokens on the
+common prefix, and ROUGE-1/2/L/Lsum F1 (x100) of our text against HF's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+BUILTIN_PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about autumn leaves.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "Who wrote Romeo and Juliet?",
+    "Translate 'good morning' into Spanish.",
+    "What is 12 times 12?",
+    "Give me a tip for learning to code.",
+]
+
+
+def load_prompts(spec: str) -> list[str]:
+    """`builtin`, a .jsonl file of {"prompt": ...}, or a text file with one prompt per line."""
+    if spec == "builtin":
+        return list(BUILTIN_PROMPTS)
+    path = Path(spec).expanduser()
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        import json
+
+        return [json.loads(line)["prompt"] for line in lines]
+    return lines
+
+
+def _hf_model(llm, model: str):
+    import torch
+    import transformers
+
+    from tritongen.models.hf_twin import hf_twin
+    from tritongen.models.loader import is_dummy
+
+    runner = llm.engine.runner
+    if is_dummy(model):
+        return hf_twin(runner.model, runner.arch, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=runner.dtype, attn_implementation="eager")
+    return hf.to(runner.device).eval() if runner.device.type != "cpu" else hf.eval()
+
+
+def _prompt_ids(tokenizer, prompts: list[str], chat: bool) -> list[list[int]]:
+    from tritongen.tokenizer import apply_chat_template
+
+    if chat and getattr(tokenizer, "chat_template", None):
+        texts = [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+    else:
+        texts = prompts
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def compare(ours: list[int], our_lps: list[float], theirs: list[int], their_lps: list[float]) -> dict:
+    """Token agreement of one prompt's two outputs."""
+    common = 0
+    while common < min(len(ours), len(theirs)) and ours[common] == theirs[common]:
+        common += 1
+    identical = ours == theirs
+    deltas = [abs(a - b) for a, b in zip(our_lps[:common], their_lps[:common])]
+    return {"matched": common, "total": max(len(ours), len(theirs)), "identical": identical,
+            "first_divergence": None if identical else common, "max_abs_dlogprob": max(deltas, default=0.0)}
+
+
+def rouge(ours: list[str], theirs: list[str]) -> dict[str, float]:
+    """Mean ROUGE F1 x100 of each of our texts against HF's (two empty texts count as identical)."""
+    from rouge_score import rouge_scorer
+
+    keys = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+    scorer = rouge_scorer.RougeScorer(list(keys), use_stemmer=False)
+    totals = dict.fromkeys(keys, 0.0)
+    for a, b in zip(ours, theirs):
+        if a.strip() == b.strip():
+            for k in keys:
+                totals[k] += 100.0
+            continue
+        scores = scorer.score(b, a)  # (target, prediction)
+        for k in keys:
+            totals[k] += 100.0 * scores[k].fmeasure
+    return {k: v / max(len(ours), 1) for k, v in totals.items()}
+
+
+def run_parity(model: str, prompts: list[str], max_tokens: int = 64, chat: bool = True, **engine_kwargs) -> dict:
+    from tritongen import LLM, SamplingParams
+    from tritongen.fetch import resolve_model
+    from tritongen.models.hf_twin import hf_greedy
+
+    model = resolve_model(model)
+    llm = LLM(model, **engine_kwargs)
+    hf = _hf_model(llm, model)
+    tok = llm.tokenizer
+    ids = _prompt_ids(tok, prompts, chat)
+    eos = list(llm.engine.limits.eos_token_ids)
+    outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0))
+    per_prompt, ours_text, hf_text = [], [], []
+    for p, out in zip(ids, outs):
+        hf_ids, hf_lps = hf_greedy(hf, p, max_tokens, eos_token_id=eos or None)
+        row = compare(out.token_ids, [lp.logprob for lp in out.logprobs or []], hf_ids, hf_lps)
+        per_prompt.append(row)
+        ours_text.append(tok.decode(out.token_ids, skip_special_tokens=True))
+        hf_text.append(tok.decode(hf_ids, skip_special_tokens=True))
+    return summarize_parity(model, str(llm.engine.runner.dtype).replace("torch.", ""), max_tokens, per_prompt,
+                            ours_text, hf_text)
+
+
+def summarize_parity(model: str, dtype: str, max_tokens: int, rows: list[dict], ours: list[str],
+                     theirs: list[str]) -> dict:
+    matched, total = sum(r["matched"] for r in rows), sum(r["total"] for r in rows)
+    divergences = [(i, r["first_divergence"]) for i, r in enumerate(rows) if r["first_divergence"] is not None]
+    return {
+        "model": model, "dtype": dtype, "num_prompts": len(rows), "max_tokens": max_tokens,
+        "token_match": 100.0 * matched / total if total else 100.0,
+        "matched_tokens": matched, "total_tokens": total,
+        "identical_sequences": sum(r["identical"] for r in rows),
+        "first_divergence": None if not divergences else {"prompt": divergences[0][0], "position": divergences[0][1]},
+        "max_abs_dlogprob": max((r["max_abs_dlogprob"] for r in rows), default=0.0),
+        "rouge": rouge(ours, theirs),
+        "per_prompt": [{**r, "ours": a, "hf": b} for r, a, b in zip(rows, ours, theirs)],
+    }
+
+
+def format_parity(s: dict) -> str:
+    div = s["first_divergence"]
+    r = s["rouge"]
+    return "\n".join([
+        f"eval parity: {s['model']} ({s['dtype']}), {s['num_prompts']} prompts, max_tokens {s['max_tokens']}",
+        f"token match: {s['token_match']:.1f}% ({s['matched_tokens']}/{s['total_tokens']} tokens; "
+        f"{s['identical_sequences']}/{s['num_prompts']} sequences identical)",
+        "first divergence: none" if div is None else
+        f"first divergence: prompt {div['prompt']}, position {div['position']}",
+        f"max |Δ logprob| of chosen tokens: {s['max_abs_dlogprob']:.3g}",
+        f"ROUGE-1 {r['rouge1']:.2f}  ROUGE-2 {r['rouge2']:.2f}  ROUGE-L {r['rougeL']:.2f}  "
+        f"ROUGE-Lsum {r['rougeLsum']:.2f}",
+    ])
+
+
+def first_prompt_text(s: dict) -> Optional[str]:
+    rows = s.get("per_prompt") or []
+    return rows[0]["ours"] if rows else None
