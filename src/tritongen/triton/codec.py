@@ -1,0 +1,467 @@
+"""Triton tensors <-> engine types. Pure translation: no Triton, no torch.
+
+`pb` is the `triton_python_backend_utils` module inside Triton, or a fake in tests; only
+`get_input_tensor_by_name`, `Tensor`, `InferenceResponse` and `TritonError` are used.
+
+One request format serves clients of both common Triton LLM backends:
+- vllm_backend: text_input, stream, sampling_parameters (JSON, values may be strings, e.g.
+  {"max_tokens": "8"}), exclude_input_in_output, return_* flags; with HTTP /generate the
+  sampling parameters may also come as request parameters ({"parameters": {...}}).
+- TensorRT-LLM ensemble: text_input, max_tokens / request_output_len, temperature, top_k, top_p,
+  stop_words, random_seed, min_length, end_id, beam_width (1), return_log_probs, ...; or token
+  ids: input_ids (+ input_lengths) -> output_ids + sequence_length.
+
+Prompt echo: vllm_backend prepends the prompt to a non-streamed text_output unless
+exclude_input_in_output is true; TensorRT-LLM never echoes it. So the default follows the
+request's layout: a request with input_ids or any input only TensorRT-LLM clients send
+(request_output_len, stop_words, bad_words, end_id, pad_id, beam_width, random_seed, min_length,
+return_log_probs) is not echoed; exclude_input_in_output always decides when given.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+
+
+class InvalidInput(ValueError):
+    """A request input is missing, ill-typed or out of range; the message names the input."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str
+    """config.pbtxt data type (TYPE_STRING, TYPE_INT32, ...)."""
+    dims: tuple[int, ...]
+    doc: str = ""
+
+
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_input", "TYPE_STRING", (1,), "prompt text (this or input_ids)"),
+    TensorSpec("input_ids", "TYPE_INT32", (-1,), "prompt token ids (this or text_input)"),
+    TensorSpec("input_lengths", "TYPE_INT32", (1,), "number of valid ids in input_ids"),
+    TensorSpec("stream", "TYPE_BOOL", (1,), "send one response per new text (decoupled model only)"),
+    TensorSpec("sampling_parameters", "TYPE_STRING", (1,), "JSON object, vllm_backend layout"),
+    TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), "do not echo the prompt (non-streamed text)"),
+    TensorSpec("max_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("request_output_len", "TYPE_INT32", (1,), "alias of max_tokens"),
+    TensorSpec("temperature", "TYPE_FP32", (1,), "0 = greedy"),
+    TensorSpec("top_p", "TYPE_FP32", (1,), "0 means disabled (TensorRT-LLM)"),
+    TensorSpec("top_k", "TYPE_INT32", (1,), "0 or -1 means disabled"),
+    TensorSpec("min_p", "TYPE_FP32", (1,)),
+    TensorSpec("repetition_penalty", "TYPE_FP32", (1,)),
+    TensorSpec("presence_penalty", "TYPE_FP32", (1,)),
+    TensorSpec("frequency_penalty", "TYPE_FP32", (1,)),
+    TensorSpec("seed", "TYPE_UINT64", (1,)),
+    TensorSpec("random_seed", "TYPE_UINT64", (1,), "alias of seed"),
+    TensorSpec("min_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("min_length", "TYPE_INT32", (1,), "alias of min_tokens"),
+    TensorSpec("ignore_eos", "TYPE_BOOL", (1,)),
+    TensorSpec("end_id", "TYPE_INT32", (1,), "an extra token id that ends generation"),
+    TensorSpec("pad_id", "TYPE_INT32", (1,), "accepted and ignored"),
+    TensorSpec("beam_width", "TYPE_INT32", (1,), "must be 1"),
+    TensorSpec("stop", "TYPE_STRING", (-1,), "stop strings"),
+    TensorSpec("stop_words", "TYPE_STRING", (-1,), "alias of stop"),
+    TensorSpec("bad_words", "TYPE_STRING", (-1,), "must be empty"),
+    TensorSpec("return_logprobs", "TYPE_BOOL", (1,), "send logprobs (JSON)"),
+    TensorSpec("return_log_probs", "TYPE_BOOL", (1,), "send cum_log_probs and output_log_probs"),
+    TensorSpec("return_cumulative_logprob", "TYPE_BOOL", (1,)),
+    TensorSpec("return_finish_reason", "TYPE_BOOL", (1,)),
+    TensorSpec("return_num_input_tokens", "TYPE_BOOL", (1,)),
+    TensorSpec("return_num_output_tokens", "TYPE_BOOL", (1,)),
+    TensorSpec("abort_request_id", "TYPE_STRING", (1,),
+               "control: cancel the running request with this request id (forwarding models use it)"),
+)
+
+OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_output", "TYPE_STRING", (-1,)),
+    TensorSpec("output_ids", "TYPE_INT32", (-1,)),
+    TensorSpec("sequence_length", "TYPE_INT32", (1,)),
+    TensorSpec("finish_reason", "TYPE_STRING", (-1,)),
+    TensorSpec("num_input_tokens", "TYPE_UINT32", (1,)),
+    TensorSpec("num_output_tokens", "TYPE_UINT32", (1,)),
+    TensorSpec("cumulative_logprob", "TYPE_FP32", (-1,)),
+    TensorSpec("logprobs", "TYPE_STRING", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1,)),
+)
+INPUT_NAMES = frozenset(s.name for s in INPUTS)
+
+# Scalar tensors that set a SamplingParams field: input name -> (field, kind).
+_SCALAR_PARAMS: dict[str, tuple[str, type]] = {
+    "max_tokens": ("max_tokens", int), "request_output_len": ("max_tokens", int),
+    "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
+    "min_p": ("min_p", float), "repetition_penalty": ("repetition_penalty", float),
+    "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float),
+    "seed": ("seed", int), "random_seed": ("seed", int),
+    "min_tokens": ("min_tokens", int), "min_length": ("min_tokens", int),
+    "ignore_eos": ("ignore_eos", bool),
+}
+# Inputs that only TensorRT-LLM-style clients send (they never echo the prompt). Sampling names
+# such as max_tokens or temperature are not among them: HTTP /generate turns vllm_backend-style
+# {"parameters": {"max_tokens": 8}} into input tensors of the same names.
+_TRTLLM_ONLY = ("request_output_len", "stop_words", "bad_words", "end_id", "pad_id", "beam_width", "random_seed",
+                "min_length", "return_log_probs")
+
+# sampling_parameters JSON keys (vllm_backend layout): key -> kind of the SamplingParams field.
+_JSON_PARAMS: dict[str, type] = {
+    "max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+    "repetition_penalty": float, "presence_penalty": float, "frequency_penalty": float, "seed": int,
+    "min_tokens": int, "ignore_eos": bool, "stop": list, "stop_token_ids": list,
+    "include_stop_str_in_output": bool, "logprobs": int, "skip_special_tokens": bool,
+}
+# vLLM keys we accept only at the value that means "nothing special".
+_JSON_FIXED: dict[str, Any] = {"n": 1, "best_of": 1, "use_beam_search": False}
+# Request-level keys that may ride along in the JSON (generate endpoint "parameters").
+_JSON_REQUEST_KEYS = frozenset({"stream", "exclude_input_in_output", "return_logprobs", "return_finish_reason",
+                                "return_cumulative_logprob", "return_num_input_tokens",
+                                "return_num_output_tokens"})
+
+
+@dataclass
+class OutputOptions:
+    """Which optional outputs the client asked for."""
+
+    output_ids: bool = False
+    logprobs: bool = False
+    trtllm_log_probs: bool = False
+    cumulative_logprob: bool = False
+    finish_reason: bool = False
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
+
+
+@dataclass
+class ParsedRequest:
+    prompt: Union[str, list[int]]
+    params: SamplingParams
+    stream: bool = False
+    echo_prompt: bool = False
+    """Prepend the prompt text to a non-streamed text_output (vllm_backend default)."""
+    outputs: OutputOptions = field(default_factory=OutputOptions)
+
+
+# -- reading inputs ---------------------------------------------------------------------------
+
+
+def _flat(request, pb, name: str) -> Optional[np.ndarray]:
+    tensor = pb.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    return np.asarray(tensor.as_numpy()).reshape(-1)
+
+
+def _convert(value: Any, kind: type, name: str) -> Any:
+    """One numpy / JSON value -> int | float | bool | str, or InvalidInput naming `name`."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bytes):
+        value = _decode(value, name)
+    try:
+        if kind is bool:
+            if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
+                return value.strip().lower() in ("true", "1")
+            if isinstance(value, (bool, int)) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value.strip()) if isinstance(value, str) else int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            result = float(value)
+            if not math.isfinite(result):
+                raise ValueError
+            return result
+        if kind is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]}, got {value!r}")
+
+
+_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
+
+
+def _decode(raw: bytes, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"input '{name}' is not valid UTF-8: {exc}") from None
+
+
+def _scalar(request, pb, name: str, kind: type) -> Any:
+    flat = _flat(request, pb, name)
+    if flat is None or flat.size == 0:
+        return None
+    if flat.size > 1:
+        raise InvalidInput(f"input '{name}' must hold one value, got {flat.size} (batch size must be 1)")
+    if kind is not str and flat.dtype == np.object_:
+        raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]} tensor, got BYTES")
+    return _convert(flat[0], kind, name)
+
+
+def _strings(request, pb, name: str) -> Optional[list[str]]:
+    flat = _flat(request, pb, name)
+    if flat is None:
+        return None
+    if flat.dtype != np.object_ and flat.dtype.kind not in "SU":
+        raise InvalidInput(f"input '{name}' must be a BYTES tensor, got {flat.dtype}")
+    return [s for s in (_convert(v, str, name) for v in flat) if s]
+
+
+def abort_target(request, pb) -> Optional[str]:
+    """The request id named by a control request (input abort_request_id), else None."""
+    return _scalar(request, pb, "abort_request_id", str)
+
+
+def _prompt(request, pb) -> tuple[Union[str, list[int]], bool]:
+    """(prompt, token_mode)."""
+    ids = _flat(request, pb, "input_ids")
+    if ids is not None:
+        if ids.dtype.kind not in "iu":
+            raise InvalidInput(f"input 'input_ids' must be an integer tensor, got {ids.dtype}")
+        length = _scalar(request, pb, "input_lengths", int)
+        if length is not None:
+            if not 0 < length <= ids.size:
+                raise InvalidInput(f"input 'input_lengths' ({length}) must be in [1, {ids.size}]")
+            ids = ids[:length]
+        if ids.size == 0:
+            raise InvalidInput("input 'input_ids' is empty")
+        return [int(t) for t in ids], True
+    text = _scalar(request, pb, "text_input", str)
+    if text is None:
+        raise InvalidInput("one of the inputs 'text_input' or 'input_ids' is required")
+    if not text:
+        raise InvalidInput("input 'text_input' is empty")
+    return text, False
+
+
+def _json_object(raw: Optional[str], name: str) -> dict:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"input '{name}' is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidInput(f"input '{name}' must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _json_list(value: Any, kind: type, name: str) -> list:
+    if isinstance(value, str):
+        stripped = value.strip()
+        if kind is int or stripped.startswith("["):
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError:
+                raise InvalidInput(f"'{name}' must be a list, got {value!r}") from None
+        else:
+            value = [value]  # a single stop string
+    if not isinstance(value, list):
+        value = [value]
+    return [_convert(v, kind, name) for v in value]
+
+
+def _apply_json(fields: dict, obj: dict, source: str, strict: bool) -> dict:
+    """Copy sampling keys of `obj` into `fields`; return the request-level keys found."""
+    extra = {}
+    for key, value in obj.items():
+        where = f"{source}.{key}"
+        if key in _JSON_PARAMS:
+            kind = _JSON_PARAMS[key]
+            if value is None:
+                continue
+            if kind is list:
+                fields[key] = _json_list(value, str if key == "stop" else int, where)
+            else:
+                fields[key] = _convert(value, kind, where)
+        elif key in _JSON_FIXED:
+            expected = _JSON_FIXED[key]
+            if _convert(value, type(expected), where) != expected:
+                raise InvalidInput(f"'{where}' must be {expected!r} (not supported otherwise), got {value!r}")
+        elif key in _JSON_REQUEST_KEYS:
+            extra[key] = _convert(value, bool, where)
+        elif strict:
+            raise InvalidInput(f"unknown sampling parameter '{where}'; known: {', '.join(sorted(_JSON_PARAMS))}")
+    return extra
+
+
+def _request_parameters(request) -> dict:
+    """Request parameters (HTTP /generate "parameters"); Triton's own keys are skipped."""
+    getter = getattr(request, "parameters", None)
+    if getter is None:
+        return {}
+    raw = getter()
+    obj = _json_object(raw if isinstance(raw, str) else json.dumps(raw or {}), "parameters")
+    return {k: v for k, v in obj.items() if not k.startswith("triton_")}
+
+
+def _flag(request, pb, name: str, json_extra: dict, default: bool = False) -> bool:
+    value = _scalar(request, pb, name, bool)
+    if value is None:
+        value = json_extra.get(name, default)
+    return value
+
+
+def parse_request(request, pb) -> ParsedRequest:
+    """Read every supported input of `request`; raise InvalidInput naming the first bad one."""
+    prompt, token_mode = _prompt(request, pb)
+    fields: dict[str, Any] = {}
+    extra = _apply_json(fields, _request_parameters(request), "parameters", strict=False)
+    raw = _scalar(request, pb, "sampling_parameters", str)
+    extra.update(_apply_json(fields, _json_object(raw, "sampling_parameters"), "sampling_parameters", strict=True))
+    for name, (attr, kind) in _SCALAR_PARAMS.items():
+        value = _scalar(request, pb, name, kind)
+        if value is None:
+            continue
+        if name == "top_p" and value == 0.0:
+            value = 1.0  # TensorRT-LLM: 0 disables top-p
+        fields[attr] = value
+    _trtllm_extras(request, pb, fields)
+    trtllm = any(pb.get_input_tensor_by_name(request, n) is not None for n in _TRTLLM_ONLY)
+    stop = (_strings(request, pb, "stop") or []) + (_strings(request, pb, "stop_words") or [])
+    if stop:
+        fields["stop"] = list(fields.get("stop", [])) + stop
+    outputs = OutputOptions(
+        output_ids=token_mode,
+        logprobs=_flag(request, pb, "return_logprobs", extra),
+        trtllm_log_probs=_flag(request, pb, "return_log_probs", extra),
+        cumulative_logprob=_flag(request, pb, "return_cumulative_logprob", extra),
+        finish_reason=_flag(request, pb, "return_finish_reason", extra),
+        num_input_tokens=_flag(request, pb, "return_num_input_tokens", extra),
+        num_output_tokens=_flag(request, pb, "return_num_output_tokens", extra),
+    )
+    if (outputs.logprobs or outputs.trtllm_log_probs or outputs.cumulative_logprob) and fields.get("logprobs") is None:
+        fields["logprobs"] = 0  # the chosen token's logprob is computed only when asked for
+    params = SamplingParams(**fields)
+    try:
+        params.validate()
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    exclude = _flag(request, pb, "exclude_input_in_output", extra, default=trtllm or token_mode)
+    return ParsedRequest(
+        prompt=prompt, params=params, stream=_flag(request, pb, "stream", extra),
+        echo_prompt=not exclude and not token_mode, outputs=outputs)
+
+
+def _trtllm_extras(request, pb, fields: dict) -> None:
+    beam = _scalar(request, pb, "beam_width", int)
+    if beam is not None and beam != 1:
+        raise InvalidInput(f"input 'beam_width' must be 1 (beam search is not supported), got {beam}")
+    if _strings(request, pb, "bad_words"):
+        raise InvalidInput("input 'bad_words' is not supported (send it empty)")
+    end_id = _scalar(request, pb, "end_id", int)
+    if end_id is not None:
+        if end_id < 0:
+            raise InvalidInput(f"input 'end_id' must be a token id (>= 0), got {end_id}")
+        fields["stop_token_ids"] = list(fields.get("stop_token_ids", [])) + [end_id]
+
+
+# -- writing outputs --------------------------------------------------------------------------
+
+
+def _bytes_tensor(pb, name: str, values: list[str], batch_dim: bool):
+    arr = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+    return pb.Tensor(name, arr.reshape(1, -1) if batch_dim else arr)
+
+
+def _tensor(pb, name: str, values, dtype, batch_dim: bool):
+    arr = np.asarray(values, dtype=dtype).reshape(-1)
+    return pb.Tensor(name, arr.reshape(1, -1) if batch_dim else arr)
+
+
+def logprobs_json(logprobs: list[TokenLogprob], decode: Optional[Callable[[int], str]] = None) -> str:
+    """vllm_backend layout: one {"<token_id>": {"logprob", "rank", "decoded_token"}} per token."""
+    entries = []
+    for lp in logprobs:
+        top = {tid: (rank + 1, value) for rank, (tid, value) in enumerate(lp.top)}
+        entry = {}
+        for tid, value in [(lp.token_id, lp.logprob)] + [(t, v) for t, v in lp.top if t != lp.token_id]:
+            entry[str(tid)] = {"logprob": value, "rank": top.get(tid, (None,))[0],
+                               "decoded_token": decode(tid) if decode else None}
+        entries.append(entry)
+    return json.dumps(entries)
+
+
+def make_response(out: RequestOutput, req: ParsedRequest, pb, *, batch_dim: bool = False,
+                  decode: Optional[Callable[[int], str]] = None):
+    """The response for one engine output: the delta when streaming, else the whole output."""
+    if req.stream:
+        text, ids, logprobs = out.delta_text, out.delta_token_ids, out.delta_logprobs
+    else:
+        text, ids, logprobs = out.text, out.token_ids, out.logprobs
+        if req.echo_prompt and isinstance(req.prompt, str):
+            text = req.prompt + text
+    want = req.outputs
+    tensors = [_bytes_tensor(pb, "text_output", [text], batch_dim)]
+    if want.output_ids:
+        tensors.append(_tensor(pb, "output_ids", ids, np.int32, batch_dim))
+        tensors.append(_tensor(pb, "sequence_length", [len(ids)], np.int32, batch_dim))
+    if want.finish_reason:
+        tensors.append(_bytes_tensor(pb, "finish_reason", [out.finish_reason or ""], batch_dim))
+    if want.num_input_tokens:
+        tensors.append(_tensor(pb, "num_input_tokens", [out.num_prompt_tokens], np.uint32, batch_dim))
+    if want.num_output_tokens:
+        tensors.append(_tensor(pb, "num_output_tokens", [len(ids)], np.uint32, batch_dim))
+    cumulative = out.cumulative_logprob if out.cumulative_logprob is not None else 0.0
+    if want.cumulative_logprob:
+        tensors.append(_tensor(pb, "cumulative_logprob", [cumulative], np.float32, batch_dim))
+    if want.logprobs:
+        tensors.append(_bytes_tensor(pb, "logprobs", [logprobs_json(logprobs or [], decode)], batch_dim))
+    if want.trtllm_log_probs:
+        tensors.append(_tensor(pb, "cum_log_probs", [cumulative], np.float32, batch_dim))
+        tensors.append(_tensor(pb, "output_log_probs", [lp.logprob for lp in logprobs or []], np.float32,
+                               batch_dim))
+    return pb.InferenceResponse(output_tensors=tensors)
+
+
+# Request parameter set by forwarding models: BLS responses of python_backend 24.10 lose the error
+# code (every error arrives as INTERNAL), so the engine model writes it into the message as well.
+TAG_ERRORS = "tritongen_tag_errors"
+_ERROR_CODES = ("INVALID_ARG", "CANCELLED", "UNAVAILABLE", "INTERNAL")
+
+
+def wants_tagged_errors(request) -> bool:
+    try:
+        return bool(_request_parameters(request).get(TAG_ERRORS)) if hasattr(request, "parameters") else False
+    except InvalidInput:
+        return False
+
+
+def error_response(pb, message: str, code: str = "INVALID_ARG", tag: bool = False):
+    """A response carrying pb.TritonError(message, code); code is a TritonError attribute name.
+    With `tag`, the message starts with "[CODE] " for a forwarding model to restore the code."""
+    if tag:
+        message = f"[{code}] {message}"
+    return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, getattr(pb.TritonError, code)))
+
+
+def untag_error(message: str) -> tuple[str, str]:
+    """(code, message) from a tagged message; untagged ones are INTERNAL."""
+    for code in _ERROR_CODES:
+        if message.startswith(f"[{code}] "):
+            return code, message[len(code) + 3:]
+    return "INTERNAL", message
+
+
+def error_code_for(exc: BaseException) -> str:
+    """TritonError code name for an exception raised while serving a request."""
+    if isinstance(exc, InvalidInput) or type(exc) is ValueError:
+        return "INVALID_ARG"
+    if type(exc).__name__ == "EngineDeadError":
+        return "UNAVAILABLE"
+    return "INTERNAL"

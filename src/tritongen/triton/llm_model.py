@@ -1,0 +1,153 @@
+"""Body of the decoupled `llm` model: one instance hosts an AsyncLLM.
+
+`execute` hands each request to an asyncio loop thread and returns at once; the request's task
+streams engine outputs back through its response sender. Every request ends with exactly one
+response carrying the FINAL flag (data, error, or CANCELLED). A watcher polls the senders for
+cancellation (gRPC stream cancel, client disconnect) and aborts the engine request at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from dataclasses import dataclass
+
+from tritongen.metrics import RequestTimer, update_engine_gauges
+from tritongen.triton import codec
+from tritongen.triton.loop import LoopThread
+from tritongen.triton.metric_families import TritonMetricsSink
+
+logger = logging.getLogger(__name__)
+
+_WATCH_INTERVAL_S = 0.05  # how often cancellation is polled
+_GAUGE_INTERVAL_S = 0.25
+
+
+@dataclass
+class _Active:
+    sender: object
+    task: asyncio.Task
+    client_id: str
+    """The request id the client (or a forwarding model) gave."""
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        from tritongen.entrypoints.async_engine import AsyncLLM
+        from tritongen.triton.repo import engine_kwargs_from_config
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException(f"model {args['model_name']} must be decoupled "
+                                                "(model_transaction_policy { decoupled: true })")
+        self.batch_dim = config.get("max_batch_size", 0) > 0
+        self.engine = AsyncLLM(**engine_kwargs_from_config(config.get("parameters", {})))
+        self.metrics = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        self._ids = itertools.count()
+        self._active: dict[str, _Active] = {}
+        self.loop = LoopThread(f"tritongen-{args['model_name']}")
+        self.loop.submit(self._watch())
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            self.loop.submit(self._serve(request))
+        return None
+
+    def finalize(self) -> None:
+        self.loop.stop()  # cancels in-flight requests: each aborts its engine request and ends FINAL
+        self.engine.shutdown()
+
+    # -- one request --------------------------------------------------------------------------
+
+    async def _serve(self, request) -> None:
+        sender = request.get_response_sender()
+        tag = codec.wants_tagged_errors(request)
+        try:
+            target = codec.abort_target(request, self.pb)
+            parsed = None if target is not None else codec.parse_request(request, self.pb)
+        except codec.InvalidInput as exc:
+            self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
+            return
+        if target is not None:
+            await self._abort_by_client_id(target)
+            self._final(sender, self.pb.InferenceResponse(output_tensors=[]))
+            return
+        client_id = request.request_id()
+        request_id = f"{client_id or 'triton'}-{next(self._ids)}"
+        self._active[request_id] = _Active(sender, asyncio.current_task(), client_id)
+        try:
+            await self._generate(request_id, parsed, sender)
+        except asyncio.CancelledError:
+            await self.engine.abort(request_id)  # blocks are free when this returns
+            self._update_gauges()
+            self._final(sender, codec.error_response(self.pb, "request cancelled", "CANCELLED", tag))
+        except Exception as exc:
+            code = codec.error_code_for(exc)
+            if code == "INTERNAL":
+                logger.exception("request %s failed", request_id)
+            self._final(sender, codec.error_response(self.pb, str(exc), code, tag))
+        finally:
+            self._active.pop(request_id, None)
+
+    async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender) -> None:
+        timer = RequestTimer()
+        decode = self._decode if parsed.outputs.logprobs else None
+        async for out in self.engine.generate(parsed.prompt, parsed.params, request_id):
+            timer.on_output(out, self.metrics)
+            if out.error:
+                raise RuntimeError(f"engine error: {out.error}")
+            if out.finished:
+                self._final(sender, codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim,
+                                                        decode=decode))
+                return
+            if parsed.stream and (out.delta_text or (parsed.outputs.output_ids and out.delta_token_ids)):
+                sender.send(codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode))
+
+    async def _abort_by_client_id(self, client_id: str) -> None:
+        """Control request from a forwarding model (llm_bls) whose own client cancelled: BLS in
+        python_backend 24.10 has no way to cancel an inner request, so it names it here."""
+        for request_id, active in list(self._active.items()):
+            if client_id and active.client_id == client_id:
+                del self._active[request_id]
+                active.task.cancel()
+                await asyncio.gather(active.task, return_exceptions=True)  # its blocks are free after this
+
+    def _decode(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
+
+    def _final(self, sender, response) -> None:
+        flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            sender.send(response, flags=flag)
+        except Exception:  # e.g. the client is gone; the FINAL flag alone still closes the request
+            try:
+                sender.send(flags=flag)
+            except Exception:
+                logger.debug("could not send the final response", exc_info=True)
+
+    # -- background ---------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        ticks_per_gauge = max(1, round(_GAUGE_INTERVAL_S / _WATCH_INTERVAL_S))
+        for tick in itertools.count():
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            for request_id, active in list(self._active.items()):
+                try:
+                    cancelled = active.sender.is_cancelled()
+                except Exception:
+                    cancelled = False
+                if cancelled:
+                    del self._active[request_id]  # cancel once: the task's cleanup must not be interrupted
+                    active.task.cancel()
+            if tick % ticks_per_gauge == 0:
+                self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        try:
+            update_engine_gauges(self.engine.stats(), self.metrics)
+        except Exception:
+            logger.debug("gauge update failed", exc_info=True)

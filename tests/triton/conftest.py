@@ -1,0 +1,94 @@
+"""One real tritonserver (from the nvidia-pytriton wheel) for the whole session, on free ports bound
+to 127.0.0.1, CPU, tiny model; stopped by PID at the end with its ports checked free."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # triton_helpers, fake_pb_utils (pytest runs in importlib mode)
+
+from triton_helpers import TINY  # noqa: E402
+
+
+def triton_available() -> bool:
+    try:
+        from tritongen.triton.launcher import find_tritonserver
+
+        find_tritonserver()
+        import tritonclient.grpc  # noqa: F401
+        import tritonclient.http  # noqa: F401
+    except (FileNotFoundError, ImportError):
+        return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Served:
+    server: object
+    repo: Path
+    http: str
+    grpc: str
+    metrics: str
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory, default_model_dir) -> Served:  # the tiny model speaks its tokenizer
+    if not triton_available():
+        pytest.skip("tritonserver (nvidia-pytriton) or tritonclient is not installed")
+    from tritongen.triton.launcher import TritonServer
+    from tritongen.triton.repo import write_repository
+
+    root = tmp_path_factory.mktemp("triton")
+    repo = write_repository(root / "repo", TINY, layout="ensemble")
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=root / "server.log",
+                          model_control="explicit", load_models=["*"], exit_timeout_s=30)
+    server.start()
+    try:
+        server.wait_ready(timeout=float(os.environ.get("TRITONGEN_TEST_READY_TIMEOUT", "300")))
+        yield Served(server, repo, server.http_url, server.grpc_url, server.metrics_url)
+    finally:
+        pid = server.process.pid
+        server.stop()
+        assert server.process.poll() is not None, f"tritonserver {pid} still running"
+        from triton_helpers import stub_pids
+
+        assert not stub_pids(repo), "Python-backend stubs outlived the server"
+        for port in (http, grpc, metrics):
+            assert port_is_free(port), f"port {port} still bound after tritonserver {pid} stopped"
+
+
+@pytest.fixture(scope="session")
+def reference_llm():
+    """The served tiny model in process: greedy output through Triton must equal this."""
+    from tritongen import LLM
+
+    return LLM(**TINY)
