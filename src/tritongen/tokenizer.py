@@ -59,3 +59,21 @@ class TokenizerInfo:
             eos_token_ids=tuple(dict.fromkeys(eos)),
             pad_token_id=tokenizer.pad_token_id,
         )
+
+
+class FastDecoder:
+    """decode() straight on the Rust tokenizer: the streaming detokenizer calls decode twice per
+    token per request, and transformers' Python wrapper costs ~8x the Rust call (measured: 26 µs vs
+    3.4 µs), which at batch 128 was most of the engine's per-step CPU time. Used only when the
+    wrapper would add nothing (no clean-up of tokenization spaces)."""
+
+    def __init__(self, tokenizer) -> None:
+        self._hf = tokenizer
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._rust = backend if backend is not None and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", False) else None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._rust is not None:
+            return self._rust.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -51,3 +51,11 @@ def test_emoji_stop_string(tokenizer):
     ids = tokenizer.encode(text, add_special_tokens=False)
     d, deltas = stream(tokenizer, ids, SamplingParams(stop=["🚀"]))
     assert d.text == "abc " and "".join(deltas) == "abc "
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_fast_decoder_gives_the_same_stream(tokenizer, text):
+    from tritongen.tokenizer import FastDecoder
+
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert stream(FastDecoder(tokenizer), ids)[1] == stream(tokenizer, ids)[1]

@@ -25,7 +25,7 @@ def create_engine(config: EngineConfig) -> EngineCore:
     """Load model, tokenizer and KV cache; return a ready EngineCore."""
     from tritongen.fetch import resolve_model
     from tritongen.runner.model_runner import ModelRunner
-    from tritongen.tokenizer import load_tokenizer
+    from tritongen.tokenizer import FastDecoder, load_tokenizer
 
     model_path = resolve_model(config.model.model)
     runner = ModelRunner(config.model, config.cache, config.scheduler, model_path)
@@ -39,7 +39,8 @@ def create_engine(config: EngineConfig) -> EngineCore:
         vocab_size=arch.vocab_size,
         eos_token_ids=tuple(sorted(eos)),
     )
-    return EngineCore(runner, tokenizer, limits, config.scheduler, config.cache.enable_prefix_caching)
+    return EngineCore(runner, tokenizer, limits, config.scheduler, config.cache.enable_prefix_caching,
+                      decoder=FastDecoder(tokenizer))
 
 
 def normalize_prompts(prompts: Union[PromptInput, Seq[PromptInput]]) -> list[PromptInput]:
