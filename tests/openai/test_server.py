@@ -2,6 +2,7 @@
 import asyncio
 
 import httpx
+import pytest
 import torch
 
 from oai_helpers import MODEL
@@ -163,3 +164,23 @@ def test_echo_logprobs_lm_eval_style_equal_hf_log_softmax(client, engine):
 def test_echo_without_logprobs_prepends_the_prompt(client):
     r = client.completions.create(model=MODEL, prompt="Echo this", max_tokens=3, temperature=0, echo=True)
     assert r.choices[0].text.startswith("Echo this") and len(r.choices[0].text) > len("Echo this")
+
+
+@pytest.mark.slow
+def test_smollm2_chat_through_the_server(default_model_dir):
+    import openai
+
+    from oai_helpers import ServerThread
+    from tritongen import AsyncLLM
+    from tritongen.openai.server import build_app
+
+    engine = AsyncLLM(default_model_dir, dtype="float32", device="cpu", kv_cache_memory_gb=0.1)
+    srv = ServerThread(build_app(engine))  # served under the default model's name
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0)
+        r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=16,
+                                           temperature=0)
+        assert r.choices[0].message.content.startswith("The capital of France is Paris")
+    finally:
+        srv.stop()
+        engine.shutdown()
