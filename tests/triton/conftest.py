@@ -3,7 +3,6 @@ to 127.0.0.1, CPU, tiny model; stopped by PID at the end with its ports checked 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # triton_helpers, fake_pb_utils (pytest runs in importlib mode)
 
-from triton_helpers import TINY  # noqa: E402
+from triton_helpers import TINY, free_ports, port_is_free  # noqa: E402
 
 
 def triton_available() -> bool:
@@ -24,29 +23,6 @@ def triton_available() -> bool:
         import tritonclient.http  # noqa: F401
     except (FileNotFoundError, ImportError):
         return False
-    return True
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
     return True
 
 

@@ -71,8 +71,7 @@ def test_serve_command_end_to_end(tmp_path, default_model_dir):
     import json
     import urllib.request
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from conftest import free_ports, port_is_free
+    from triton_helpers import free_ports, port_is_free
 
     http, grpc, metrics = free_ports(3)
     log = open(tmp_path / "serve.log", "w+")
@@ -93,12 +92,10 @@ def test_serve_command_end_to_end(tmp_path, default_model_dir):
         req = urllib.request.Request(f"http://127.0.0.1:{http}/v2/models/llm/generate", data=json.dumps(
             {"text_input": prompt, "max_tokens": 16, "temperature": 0.0, "exclude_input_in_output": True}).encode())
         assert "Paris" in json.loads(urllib.request.urlopen(req, timeout=120).read())["text_output"]
-        for name in ("clients/python/stream_client.py",):
-            script = Path(__file__).resolve().parents[2] / name
-            if script.exists():
-                out = subprocess.run([sys.executable, str(script), "--url", f"127.0.0.1:{grpc}", "--max-tokens", "8",
-                                      "Hello"], capture_output=True, text=True, timeout=120)
-                assert out.returncode == 0 and "TTFT" in out.stdout, out.stdout + out.stderr
+        script = Path(__file__).resolve().parents[2] / "clients" / "python" / "triton_stream_client.py"
+        out = subprocess.run([sys.executable, str(script), "--url", f"127.0.0.1:{grpc}", "--max-tokens", "8",
+                              "Hello"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "TTFT" in out.stdout, out.stdout + out.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -1,10 +1,11 @@
-"""Small clients for the tests: gRPC stream, HTTP generate / generate_stream, metrics scraping."""
+"""Small clients for the tests: gRPC stream, HTTP generate / generate_stream, metrics scraping; free ports."""
 from __future__ import annotations
 
 import json
 import os
 import queue
 import re
+import socket
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -122,3 +123,28 @@ def stub_pids(repo) -> list[int]:
         if cmd and cmd[0].endswith(b"triton_python_backend_stub") and any(str(repo).encode() in c for c in cmd):
             pids.append(int(entry))
     return pids
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports on 127.0.0.1 that were free a moment ago (all bound at once, so distinct)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on `port` (SO_REUSEADDR: a TIME_WAIT left by a stopped server does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
