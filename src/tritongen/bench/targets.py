@@ -116,8 +116,15 @@ class OpenAITarget(_HttpTarget):
         self.streams = stream
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
+    async def start(self) -> None:
+        await super().start()
+        if self.model is None:  # ask the server which model it serves
+            r = await self.client.get(f"{self.url}/v1/models", headers=self.headers)
+            models = (r.json().get("data") or []) if r.status_code == 200 else []
+            self.model = models[0]["id"] if models else "default"
+
     def payload(self, req: BenchRequest) -> dict:
-        body = {"model": self.model or "default", "prompt": req.prompt, "stream": self.streams,
+        body = {"model": self.model, "prompt": req.prompt, "stream": self.streams,
                 **sampling_fields(req)}
         if self.streams:
             body["stream_options"] = {"include_usage": True}
