@@ -2,7 +2,7 @@
 
 Parameter names equal HF's, so an HF state dict loads directly and ours loads into an HF twin.
 The model sees one flat batch of tokens [T] from many sequences; AttentionMetadata says where each
-sequence's tokens and cache blocks are. Norms and rotary come from ops.reference for now.
+sequence's tokens and cache blocks are. Norms, rotary and SiLU·mul dispatch through ops.kernels (reference, or Triton on CUDA).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from tritongen.models.arch import ModelArch
-from tritongen.ops import reference
+from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, paged_attention, write_kv_cache
 
 
@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reference.rms_norm(x, self.weight, self.eps)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,7 +65,7 @@ class LlamaAttention(nn.Module):
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        q, k = reference.apply_rotary(q, k, cos, sin)
+        q, k = kernels.apply_rotary(q, k, cos, sin)
         # Write first: this step's queries attend to their own keys through the cache.
         write_kv_cache(k, v, kv_cache, attn.slot_mapping)
         out = paged_attention(q, kv_cache, attn, self.scale, self.sliding_window)
@@ -81,7 +81,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(reference.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -109,7 +109,8 @@ def get_attention_backend() -> str:
 
 def select_attention_backend(name: str, device: torch.device) -> str:
     """Pick the backend for a device: "auto" takes the Triton kernels on CUDA when the triton
-    package is importable, else the reference. Returns the chosen name."""
+    package is importable, else the reference. CPU tensors always use the reference (dispatch
+    checks the device), so only CUDA engines change the process-wide choice."""
     if name == "auto":
         name = "reference"
         if device.type == "cuda":
@@ -118,17 +119,29 @@ def select_attention_backend(name: str, device: torch.device) -> str:
                 name = "triton"
             except ImportError:
                 pass
-    if name == "triton" and "triton" not in _BACKENDS:
-        from tritongen.ops import triton_attention as ta
+    if name == "triton":
+        if device.type != "cuda":
+            raise ValueError("attention_backend 'triton' needs a CUDA device")
+        if "triton" not in _BACKENDS:
+            from tritongen.ops import triton_attention as ta
 
-        register_attention_backend("triton", AttentionBackend(ta.write_kv_cache_triton, ta.paged_attention_triton))
-    set_attention_backend(name)
+            register_attention_backend("triton", AttentionBackend(ta.write_kv_cache_triton,
+                                                                  ta.paged_attention_triton))
+    if device.type == "cuda":
+        set_attention_backend(name)
+        from tritongen.ops import kernels
+
+        kernels.use_triton(name == "triton")  # the per-token ops follow the attention choice
     return name
+
+
+def _backend_for(x: torch.Tensor) -> AttentionBackend:
+    return _BACKENDS[_backend_name] if x.is_cuda else _BACKENDS["reference"]
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store this step's k, v [T, Hkv, D] into the layer's paged cache at slot_mapping."""
-    _BACKENDS[_backend_name].write_kv_cache(k, v, kv_cache, slot_mapping)
+    _backend_for(k).write_kv_cache(k, v, kv_cache, slot_mapping)
 
 
 def paged_attention(
@@ -139,4 +152,4 @@ def paged_attention(
     sliding_window: Optional[int] = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]."""
-    return _BACKENDS[_backend_name].paged_attention(q, kv_cache, meta, scale, sliding_window)
+    return _backend_for(q).paged_attention(q, kv_cache, meta, scale, sliding_window)
