@@ -104,7 +104,10 @@ class TritonPythonModel:
                 self._final(sender, codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim,
                                                         decode=decode))
                 return
-            if parsed.stream and (out.delta_text or (parsed.outputs.output_ids and out.delta_token_ids)):
+            # A step whose text is held back (split UTF-8 character, possible stop string) still
+            # carries tokens: clients counting tokens per response must see it.
+            wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
+            if parsed.stream and (out.delta_text or (wants_tokens and out.delta_token_ids)):
                 sender.send(codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode))
 
     async def _abort_by_client_id(self, client_id: str) -> None:
