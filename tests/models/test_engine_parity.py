@@ -3,19 +3,11 @@ import pytest
 import torch
 
 from tritongen import LLM, SamplingParams
+from tritongen.eval.parity import BUILTIN_PROMPTS
 from tritongen.models.hf_twin import hf_greedy, hf_twin
 
 PROMPTS_TINY = [[1, 2, 3, 4, 5], list(range(100, 140)), [7] * 3, list(range(2000, 2013))]
-SMOL_PROMPTS = [
-    "What is the capital of France?",
-    "Write a short poem about autumn leaves.",
-    "Explain photosynthesis in one sentence.",
-    "List three prime numbers.",
-    "Who wrote Romeo and Juliet?",
-    "Translate 'good morning' into Spanish.",
-    "What is 12 times 12?",
-    "Give me a tip for learning to code.",
-]
+SMOL_PROMPTS = BUILTIN_PROMPTS  # the prompts `tritongen eval parity` uses by default
 
 
 def assert_parity(llm: LLM, hf, prompts: list[list[int]], max_tokens: int, atol: float) -> None:
