@@ -58,13 +58,22 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
         self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
         self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        self.qkv_proj: nn.Linear | None = None
+        """q, k and v stacked into one GEMM by fuse_projections() (GPU); None = separate."""
+        self.sizes = (q_size, kv_size, kv_size)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.qkv_proj(x).split(self.sizes, dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(x)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         q, k = kernels.apply_rotary(q, k, cos, sin)
         # Write first: this step's queries attend to their own keys through the cache.
         write_kv_cache(k, v, kv_cache, attn.slot_mapping)
@@ -79,9 +88,15 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up_proj: nn.Linear | None = None
+        """gate and up stacked into one GEMM by fuse_projections() (GPU); None = separate."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(kernels.silu_and_mul(gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -138,6 +153,21 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, attn)
 
+    def fuse_projections(self) -> None:
+        """Stack q/k/v and gate/up into single GEMMs (fewer, larger kernels: worth it on GPU).
+
+        The state dict keeps HF names: hooks split the stacks on save and stack them on load, so
+        checkpoints, HF twins and weight copies between engines work unchanged.
+        """
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_proj = _stack(attn.q_proj, attn.k_proj, attn.v_proj)
+            del attn.q_proj, attn.k_proj, attn.v_proj
+            mlp.gate_up_proj = _stack(mlp.gate_proj, mlp.up_proj)
+            del mlp.gate_proj, mlp.up_proj
+        self._register_state_dict_hook(_split_fused)
+        self._register_load_state_dict_pre_hook(_stack_fused)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the rows of `hidden` that are sampled."""
         return self.lm_head(hidden).float()
@@ -145,3 +175,43 @@ class LlamaForCausalLM(nn.Module):
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         a = self.arch
         return (2, num_blocks, block_size, a.num_key_value_heads, a.head_dim)
+
+
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _stack(*linears: nn.Linear) -> nn.Linear:
+    first = linears[0]
+    out = sum(lin.out_features for lin in linears)
+    fused = nn.Linear(first.in_features, out, bias=first.bias is not None,
+                      device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
+    return fused
+
+
+def _split_fused(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict hook: present stacked projections under their HF names."""
+    for layer_idx, layer in enumerate(module.model.layers):
+        base = f"{prefix}model.layers.{layer_idx}."
+        for fused, parts in _FUSED.items():
+            sizes = layer.self_attn.sizes if fused.startswith("self_attn") else [layer.mlp.down_proj.in_features] * 2
+            for kind in ("weight", "bias"):
+                tensor = state_dict.pop(f"{base}{fused}.{kind}", None)
+                if tensor is not None:
+                    for name, chunk in zip(parts, tensor.split(list(sizes))):
+                        state_dict[f"{base}{name}.{kind}"] = chunk
+
+
+def _stack_fused(state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: accept HF names for stacked projections."""
+    for key in [k for k in state_dict if k.endswith("self_attn.q_proj.weight") or k.endswith("self_attn.q_proj.bias")
+                or k.endswith("mlp.gate_proj.weight") or k.endswith("mlp.gate_proj.bias")]:
+        kind = key.rsplit(".", 1)[1]
+        for fused, parts in _FUSED.items():
+            if key.endswith(f"{parts[0]}.{kind}"):
+                base = key[: -len(f"{parts[0]}.{kind}")]
+                state_dict[f"{base}{fused}.{kind}"] = torch.cat([state_dict.pop(f"{base}{p}.{kind}") for p in parts])

@@ -64,6 +64,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
         self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed)
         self.model.eval()
+        if self.device.type == "cuda":
+            self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks or self._num_blocks_from_memory(cache_config, scheduler_config)
         self.kv_caches = self._allocate_kv_cache()
