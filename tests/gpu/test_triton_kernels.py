@@ -88,3 +88,16 @@ def test_elementwise_kernels_match_reference(dtype, shape):
     cos, sin = reference.rope_cos_sin(torch.arange(7, 7 + T, device=DEVICE), inv)
     for got, want in zip(te.apply_rotary(q, k, cos, sin), reference.apply_rotary(q, k, cos, sin)):
         torch.testing.assert_close(got, want, **tol)
+
+
+def test_write_kv_with_strided_views_of_a_fused_qkv():
+    """k and v as column slices of one [T, q + 2kv] tensor, as fuse_projections produces."""
+    hq, hkv, d = 4, 2, 32
+    _, _, _, kv, meta = _random_case(hq, hkv, d, 16, [(5, 5)], torch.float32)
+    qkv = torch.randn(5, (hq + 2 * hkv) * d, device=DEVICE)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(5, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(5, hkv, d)
+    kv_ref = kv.clone()
+    reference.write_kv_cache_ref(k, v, kv_ref, meta.slot_mapping)
+    write_kv_cache_triton(k.contiguous(), v, kv, meta.slot_mapping)
+    assert torch.equal(kv, kv_ref)

@@ -23,7 +23,7 @@ from tritongen.ops.attention import AttentionMetadata
 
 
 @triton.jit
-def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_cs, stride_ch,
+def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
                      NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr):
     t = tl.program_id(0)
@@ -32,10 +32,10 @@ def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_cs, strid
         h = tl.arange(0, BLOCK_H)[:, None]
         d = tl.arange(0, BLOCK_D)[None, :]
         ok = (d < HEAD_DIM) & (h < NUM_HEADS)
-        src = t * stride_kt + h * stride_kh + d
         dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
-        tl.store(KC + dst, tl.load(K + src, mask=ok), mask=ok)
-        tl.store(VC + dst, tl.load(V + src, mask=ok), mask=ok)
+        # k and v may have different strides (v can be a view into a fused qkv output).
+        tl.store(KC + dst, tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), mask=ok)
+        tl.store(VC + dst, tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
 
 
 def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -43,7 +43,8 @@ def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
     if T == 0:
         return
     kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
-    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), kc.stride(1), kc.stride(2),
+    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           kc.stride(1), kc.stride(2),
                            NUM_HEADS=H, BLOCK_H=triton.next_power_of_2(H), HEAD_DIM=D,
                            BLOCK_D=triton.next_power_of_2(D))
 
