@@ -173,8 +173,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        a = self.arch
-        return (2, num_blocks, block_size, a.num_key_value_heads, a.head_dim)
+        # The attention modules' head count, not arch's: tensor parallelism shards it per rank.
+        attn = self.model.layers[0].self_attn
+        return (2, num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
 
 
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

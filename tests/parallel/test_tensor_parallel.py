@@ -1,0 +1,103 @@
+"""Tensor parallelism on CPU: two gloo ranks in spawned processes against the unsharded model.
+
+One spawn runs every case (starting processes costs more than the tiny models); the tests then
+read what each rank returned. Ranks exchange partial sums, so they agree with the single-device
+model up to float32 summation order, not bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import tp_worker
+from tritongen.models.arch import ModelArch
+from tritongen.models.presets import PRESETS
+from tritongen.parallel.tensor_parallel import kv_heads_per_rank, shard_model, validate_tensor_parallel
+
+WORLD_SIZE = 2
+ATOL = 1e-4
+JOIN_TIMEOUT_S = 50
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory) -> list[dict]:
+    """[{case: (logits, kv cache shape)} of rank 0, of rank 1]."""
+    out = tmp_path_factory.mktemp("tp")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=tp_worker.rank_main, args=(r, WORLD_SIZE, str(out / "init"), str(out)))
+             for r in range(WORLD_SIZE)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(JOIN_TIMEOUT_S)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    errors = [(out / f"rank{r}.err").read_text() for r in range(WORLD_SIZE) if (out / f"rank{r}.err").exists()]
+    assert not errors, "a rank failed:\n" + "\n".join(errors)
+    assert [p.exitcode for p in procs] == [0] * WORLD_SIZE, "ranks did not finish in time"
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.parametrize("name", list(tp_worker.CASES))
+def test_two_ranks_match_unsharded(rank_results, name: str) -> None:
+    net, arch = tp_worker.build(name)
+    expected = tp_worker.run_steps(net, arch)
+    (rank0, shape0), (rank1, shape1) = rank_results[0][name], rank_results[1][name]
+    assert rank0.shape == expected.shape == (15 + 2 + 2, arch.vocab_size)
+    torch.testing.assert_close(rank0, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(rank1, rank0, atol=ATOL, rtol=0)
+    kv_heads = kv_heads_per_rank(arch, WORLD_SIZE)
+    assert shape0 == shape1 == (2, tp_worker.NUM_BLOCKS, tp_worker.BLOCK_SIZE, kv_heads, arch.head_dim)
+
+
+def test_kv_heads_per_rank() -> None:
+    gqa = ModelArch.from_hf_config(PRESETS["tiny-llama"])  # 4 q heads, 2 kv heads
+    assert [kv_heads_per_rank(gqa, w) for w in (1, 2, 4)] == [2, 1, 1]
+    mha = ModelArch.from_hf_config(PRESETS["tiny-llama-mha"])
+    assert [kv_heads_per_rank(mha, w) for w in (1, 2, 4)] == [4, 2, 1]
+
+
+def test_world_size_one_is_the_identity() -> None:
+    net, arch = tp_worker.build("tiny-qwen2")
+    expected = tp_worker.run_steps(net, arch)
+    shard_model(net, rank=0, world_size=1)
+    torch.testing.assert_close(tp_worker.run_steps(net, arch), expected, atol=0, rtol=0)
+
+
+def _arch(**changes) -> ModelArch:
+    return dataclasses.replace(ModelArch.from_hf_config(PRESETS["tiny-llama"]), **changes)
+
+
+@pytest.mark.parametrize("changes, world_size, message", [
+    ({}, 3, "num_attention_heads 4 is not divisible by tensor parallel world_size 3"),
+    ({}, 8, "world_size 8 is larger than num_attention_heads 4"),
+    ({}, 0, "world_size must be >= 1"),
+    ({"num_attention_heads": 6, "num_key_value_heads": 3}, 2, "num_key_value_heads 3 is not divisible"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 3}, 4, "not a multiple of num_key_value_heads 3"),
+    ({"intermediate_size": 130}, 4, "intermediate_size 130 is not divisible"),
+])
+def test_unshardable_configs_are_refused(changes: dict, world_size: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_tensor_parallel(_arch(**changes), world_size)
+
+
+def test_shard_model_errors() -> None:
+    net, _ = tp_worker.build("tiny-llama")
+    with pytest.raises(ValueError, match="rank 2 is outside"):
+        shard_model(net, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="torch.distributed initialized"):
+        shard_model(net, rank=0, world_size=2)
+    net.fuse_projections()
+    with pytest.raises(ValueError, match="before fuse_projections"):
+        shard_model(net, rank=0, world_size=1)
