@@ -15,11 +15,24 @@ def fixed_length_params(output_len: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
 
 
+def model_prompts(llm, requests: list[BenchRequest]) -> list[list[int]]:
+    """Token ids the model accepts. A dummy model of a real shape may have a smaller vocabulary
+    than the tokenizer it borrows (Llama-2: 32k vs the default model's 49k): its ids are folded
+    into range, which keeps every prompt's length, all that random weights need. Ids of a real
+    model's own tokenizer are always in range, so they pass unchanged."""
+    vocab = llm.engine.limits.vocab_size
+    out = []
+    for r in requests:
+        ids = list(r.prompt) if isinstance(r.prompt, list) else list(llm.tokenizer.encode(r.prompt))
+        out.append([t % vocab for t in ids] if ids and max(ids) >= vocab else ids)
+    return out
+
+
 def run_offline(llm, requests: list[BenchRequest], warmup: bool = True) -> dict:
     """Every request through LLM.generate at once; throughput of the whole batch."""
     if warmup:
         llm.generate([[1, 2, 3, 4]], fixed_length_params(2))
-    prompts = [r.prompt for r in requests]
+    prompts = model_prompts(llm, requests)
     params = [fixed_length_params(r.output_len) for r in requests]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
