@@ -81,15 +81,21 @@ class EngineCore:
             raise ValueError(f"prompt token ids out of the vocabulary [0, {self.limits.vocab_size}): {bad[:5]}")
         return ids
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                    prompt_text: Optional[str] = None) -> Sequence:
-        """Validate and queue a request; raises ValueError naming the problem."""
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        """Check a request without touching engine state (safe from any thread); returns token ids.
+        Raises ValueError naming the problem."""
         params.validate()
         ids = self.tokenize(prompt)
         if len(ids) >= self.limits.max_model_len:
             raise ValueError(
                 f"prompt has {len(ids)} tokens, but max_model_len is {self.limits.max_model_len} "
                 f"(the prompt must be shorter to leave room for at least one output token)")
+        return ids
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
+                    prompt_text: Optional[str] = None) -> Sequence:
+        """Validate and queue a request; raises ValueError naming the problem."""
+        ids = self.validate(prompt, params)
         seq = Sequence(request_id, ids, params, self.limits.eos_token_ids, next(self._arrivals),
                        prompt if isinstance(prompt, str) else prompt_text)
         self.scheduler.add(seq)

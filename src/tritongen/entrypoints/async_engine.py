@@ -89,13 +89,8 @@ class AsyncLLM:
             raise EngineDeadError(f"engine is not running: {self._dead!r}")
 
     def validate(self, prompt: Union[str, list[int]], params: SamplingParams) -> list[int]:
-        """Check a request the way add_request would, in the caller's thread; returns token ids."""
-        params.validate()
-        ids = self.engine.tokenize(prompt)
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens, but max_model_len is {self.max_model_len} "
-                             "(the prompt must be shorter to leave room for at least one output token)")
-        return ids
+        """Check a request the way add_request will, in the caller's thread; returns token ids."""
+        return self.engine.validate(prompt, params)
 
     async def generate(
         self,
