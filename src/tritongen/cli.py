@@ -53,11 +53,10 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _prompt_for(llm_tokenizer, args: argparse.Namespace):
-    from tritongen.tokenizer import apply_chat_template
+    from tritongen.tokenizer import chat_prompt_ids
 
     if args.chat and getattr(llm_tokenizer, "chat_template", None):
-        text = apply_chat_template(llm_tokenizer, [{"role": "user", "content": args.prompt}])
-        return llm_tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(llm_tokenizer, [{"role": "user", "content": args.prompt}])
     return args.prompt
 
 

@@ -37,6 +37,13 @@ def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: 
     )
 
 
+def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the templated prompt. The template already writes any BOS/special tokens, so
+    encoding adds none."""
+    text = apply_chat_template(tokenizer, messages, add_generation_prompt)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 @dataclass(frozen=True)
 class TokenizerInfo:
     """The token ids the engine needs, gathered once from a tokenizer and its model directory."""

@@ -100,11 +100,9 @@ class LLM:
 
     def chat(self, messages: list[dict], sampling_params: Optional[SamplingParams] = None) -> RequestOutput:
         """One conversation through the tokenizer's chat template."""
-        from tritongen.tokenizer import apply_chat_template
+        from tritongen.tokenizer import chat_prompt_ids
 
-        prompt = apply_chat_template(self.tokenizer, messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate([ids], sampling_params)[0]
+        return self.generate([chat_prompt_ids(self.tokenizer, messages)], sampling_params)[0]
 
     def stats(self) -> dict:
         return self.engine.stats()

@@ -52,13 +52,11 @@ def _hf_model(llm, model: str):
 
 
 def _prompt_ids(tokenizer, prompts: list[str], chat: bool) -> list[list[int]]:
-    from tritongen.tokenizer import apply_chat_template
+    from tritongen.tokenizer import chat_prompt_ids
 
     if chat and getattr(tokenizer, "chat_template", None):
-        texts = [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
-    else:
-        texts = prompts
-    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        return [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+    return [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
 
 
 def compare(ours: list[int], our_lps: list[float], theirs: list[int], their_lps: list[float]) -> dict:

@@ -254,12 +254,11 @@ class OpenAIServer:
         req = await self.parse(request, ChatCompletionRequest)
         messages = serving.chat_messages(req)
         try:
-            from tritongen.tokenizer import apply_chat_template
+            from tritongen.tokenizer import chat_prompt_ids
 
-            text = apply_chat_template(self.engine.tokenizer, messages, req.add_generation_prompt)
+            ids = chat_prompt_ids(self.engine.tokenizer, messages, req.add_generation_prompt)
         except Exception as exc:  # jinja raise_exception(), missing template, bad roles
             raise RequestError(f"cannot apply the chat template: {exc}", "messages") from None
-        ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
         params = serving.chat_params(req, len(ids), self.engine.max_model_len)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
