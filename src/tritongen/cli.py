@@ -8,7 +8,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Optional
 
-from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
+from tritongen.config import ENGINE_CONFIG_PARTS
 
 
 
@@ -27,7 +27,7 @@ def _field_docs(cls) -> dict[str, str]:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """One flag per engine config field: --max-num-seqs, --block-size, ..."""
-    for cls in (ModelConfig, CacheConfig, SchedulerConfig):
+    for _, cls in ENGINE_CONFIG_PARTS:
         docs = _field_docs(cls)
         for f in fields(cls):
             flag = "--" + f.name.replace("_", "-")
@@ -41,7 +41,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    names = [f.name for cls in (ModelConfig, CacheConfig, SchedulerConfig) for f in fields(cls)]
+    names = [f.name for _, cls in ENGINE_CONFIG_PARTS for f in fields(cls)]
     return {n: getattr(args, n) for n in names}
 
 

@@ -50,18 +50,31 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """GPUs (or, on CPU, gloo processes) one model is split over; ranks 1.. run in worker processes."""
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Split flat keyword arguments (as LLM(...) takes them) into the sub-configs."""
         parts = {}
-        for name, sub in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+        for name, sub in ENGINE_CONFIG_PARTS:
             names = {f.name for f in fields(sub)}
             parts[name] = sub(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
         if kwargs:
             raise TypeError(f"unknown engine options: {sorted(kwargs)}")
         return cls(**parts)
+
+
+ENGINE_CONFIG_PARTS: tuple[tuple[str, type], ...] = (
+    ("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
+"""EngineConfig's parts by field name; every field of every part is a flat engine option (CLI flag,
+LLM keyword, Triton model parameter)."""

@@ -175,6 +175,12 @@ class EngineCore:
             num_cached_tokens=seq.num_cached_tokens,
         )
 
+    def shutdown(self) -> None:
+        """Let the runner release what it holds beyond memory (tensor-parallel worker processes)."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
+
     def stats(self) -> dict:
         bm = self.block_manager
         return {

@@ -140,6 +140,7 @@ class AsyncLLM:
         self._stop.set()
         self._commands.put(None)
         self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     # -- engine thread ------------------------------------------------------------------------
 

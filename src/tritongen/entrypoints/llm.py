@@ -28,7 +28,12 @@ def create_engine(config: EngineConfig) -> EngineCore:
     from tritongen.tokenizer import FastDecoder, load_tokenizer
 
     model_path = resolve_model(config.model.model)
-    runner = ModelRunner(config.model, config.cache, config.scheduler, model_path)
+    if config.parallel.tensor_parallel_size > 1:
+        from tritongen.parallel.executor import TensorParallelRunner
+
+        runner = TensorParallelRunner(config, model_path)
+    else:
+        runner = ModelRunner(config.model, config.cache, config.scheduler, model_path)
     tokenizer = load_tokenizer(_tokenizer_path(config, model_path))
     arch = runner.arch
     eos = set(arch.eos_token_ids)
@@ -56,7 +61,7 @@ def normalize_prompts(prompts: Union[PromptInput, Seq[PromptInput]]) -> list[Pro
 class LLM:
     """Synchronous engine for offline batches. Keyword options are those of EngineConfig's parts
     (dtype, device, max_model_len, seed, block_size, num_blocks, kv_cache_memory_gb,
-    enable_prefix_caching, max_num_seqs, max_num_batched_tokens, ...)."""
+    enable_prefix_caching, max_num_seqs, max_num_batched_tokens, tensor_parallel_size, ...)."""
 
     def __init__(self, model: Optional[str] = None, **kwargs) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
@@ -106,3 +111,13 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def shutdown(self) -> None:
+        """Release the engine's processes (tensor-parallel workers); also runs at exit."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

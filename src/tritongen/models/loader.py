@@ -10,7 +10,7 @@ import copy
 import json
 import logging
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -20,7 +20,13 @@ from tritongen.models.llama import LlamaForCausalLM
 from tritongen.models.presets import PRESETS
 from tritongen.models.registry import get_model_class
 
+if TYPE_CHECKING:
+    from tritongen.parallel.tensor_parallel import Shard, ShardSpec
+
 logger = logging.getLogger(__name__)
+
+SpecFn = Callable[[str], Optional["ShardSpec"]]
+"""HF parameter name -> the slice of the full tensor this rank keeps (None: all of it)."""
 
 DUMMY_PREFIX = "dummy:"
 # Old checkpoints saved the rotary buffer; we recompute it.
@@ -48,47 +54,77 @@ def read_arch(model: str) -> ModelArch:
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0
+    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Optional["Shard"] = None
 ) -> tuple[LlamaForCausalLM, ModelArch]:
     """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
-    and device type (they are drawn on the device, so CPU and CUDA draws differ)."""
+    and device type (they are drawn on the device, so CPU and CUDA draws differ).
+
+    With a tensor-parallel `shard`, the model has the rank's shapes and only the rank's slice of
+    each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time and
+    sliced, so every world size gets the same model)."""
     device = torch.device(device)
     arch = read_arch(model)
-    net = build_empty_model(arch, dtype, device)
+    net = build_empty_model(arch, dtype, device, shard)
+    spec: SpecFn = lambda name: None  # noqa: E731
+    if shard is not None:
+        from tritongen.parallel.tensor_parallel import shard_specs
+
+        spec = shard_specs(arch, shard.rank, shard.world_size)
     if is_dummy(model):
-        init_dummy_weights(net, seed)
+        init_dummy_weights(net, seed, spec, full_shapes(arch) if shard is not None else None)
     else:
-        load_checkpoint(net, Path(model).expanduser())
+        load_checkpoint(net, Path(model).expanduser(), spec)
     return net.eval(), arch
 
 
-def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """The model with uninitialized parameters allocated on `device` in `dtype`; buffers are valid."""
+def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,
+                      shard: Optional["Shard"] = None) -> LlamaForCausalLM:
+    """The model (the rank's shard of it) with uninitialized parameters allocated on `device` in
+    `dtype`; buffers are valid."""
     cls = get_model_class(arch.architecture)
     with torch.device("meta"):
         net = cls(arch)
+        if shard is not None:
+            from tritongen.parallel.tensor_parallel import shard_modules
+
+            shard_modules(net, shard)
     net = net.to(dtype=dtype).to_empty(device=device)
     net.tie_weights()  # to_empty gives each module its own new tensor
     net.reset_buffers()  # meta buffers have no values; inv_freq must be float32
     return net
 
 
+def full_shapes(arch: ModelArch) -> dict[str, torch.Size]:
+    """Name -> shape of every parameter of the unsharded model, in its parameter order."""
+    with torch.device("meta"):
+        net = get_model_class(arch.architecture)(arch)
+    return {name: p.shape for name, p in net.named_parameters()}
+
+
 @torch.no_grad()
-def init_dummy_weights(model: nn.Module, seed: int) -> None:
+def init_dummy_weights(model: nn.Module, seed: int, spec: Optional[SpecFn] = None,
+                       shapes: Optional[dict[str, torch.Size]] = None) -> None:
     """Random weights that give O(1) activations at any size, deterministic in seed (per device type).
 
     Matrices ~ N(0, 1/fan_in) (for 7B shapes that is the usual ~0.02), norms ~ N(1, 0.1) so that a
-    dropped norm weight changes the output, biases ~ N(0, 0.1).
+    dropped norm weight changes the output, biases ~ N(0, 0.1). A sharded model passes the full
+    `shapes` and its `spec`: each full tensor is drawn in turn and the rank keeps its slice.
     """
-    device = next(model.parameters()).device
+    params = dict(model.named_parameters())  # tied weights appear once
+    device = next(iter(params.values())).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, p in model.named_parameters():  # tied weights appear once
+    for name, shape in (shapes or {n: p.shape for n, p in params.items()}).items():
+        p = params[name]
+        s = spec(name) if spec is not None else None
+        full = p if s is None else torch.empty(shape, dtype=p.dtype, device=device)
         if name.endswith("norm.weight"):
-            p.normal_(1.0, 0.1, generator=gen)
+            full.normal_(1.0, 0.1, generator=gen)
         elif name.endswith(".bias"):
-            p.normal_(0.0, 0.1, generator=gen)
+            full.normal_(0.0, 0.1, generator=gen)
         else:
-            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+            full.normal_(0.0, full.shape[-1] ** -0.5, generator=gen)
+        if s is not None:
+            p.copy_(s.take(full))
 
 
 def _model_dir(model: str) -> Path:
@@ -129,13 +165,14 @@ def weight_files(path: Path) -> list[Path]:
     )
 
 
-def _iter_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(file: Path) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) pairs of one file; safetensors yields lazy slices, read when indexed."""
     if file.suffix == ".safetensors":
         from safetensors import safe_open
 
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
         return
     try:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -144,19 +181,27 @@ def _iter_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     yield from state.items()
 
 
+def _read(tensor: Any, spec: Optional["ShardSpec"]) -> torch.Tensor:
+    if spec is not None:
+        return spec.take(tensor)
+    return tensor if isinstance(tensor, torch.Tensor) else tensor[:]
+
+
 @torch.no_grad()
-def load_checkpoint(model: nn.Module, path: Path) -> None:
-    """Copy every parameter from the checkpoint in `path`; ValueError on missing or mis-shaped ones."""
+def load_checkpoint(model: nn.Module, path: Path, spec: Optional[SpecFn] = None) -> None:
+    """Copy every parameter (the rank's slice of it, per `spec`) from the checkpoint in `path`;
+    ValueError on missing or mis-shaped ones."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head may be in the file
     loaded: set[int] = set()
     unexpected: list[str] = []
     for file in weight_files(path):
-        for name, tensor in _iter_tensors(file):
+        for name, lazy in _iter_tensors(file):
             param = params.get(name)
             if param is None:
                 if not name.endswith(_IGNORED_SUFFIXES):
                     unexpected.append(name)
                 continue
+            tensor = _read(lazy, spec(name) if spec is not None else None)
             if param.shape != tensor.shape:
                 raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
             param.copy_(tensor)

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism for the Llama family, applied in place to a built model.
+"""Megatron-style tensor parallelism for the Llama family.
 
 Per decoder layer this costs two all_reduces of [T, hidden] (after o_proj and after down_proj):
 - q/k/v and gate/up are column-parallel: each rank keeps whole heads / a slice of the intermediate
@@ -12,14 +12,17 @@ Per decoder layer this costs two all_reduces of [T, hidden] (after o_proj and af
 GQA with fewer KV heads than ranks replicates KV heads: each rank keeps the one KV head its query
 heads read, so every rank has kv_heads_per_rank(arch, world_size) >= 1 heads in its KV cache.
 
-For now shard_model slices full weights that already exist on every rank (built by load_model).
-Loading each rank's shard directly from the checkpoint, without a full copy per rank, is a later
-step of issue 7. Shard before fuse_projections(): fusing stacks the per-rank slices, and the state
-dict of a sharded model holds each rank's slices under the HF names.
+Two halves, so a rank never holds the full weights: `shard_modules` swaps in modules of the rank's
+shapes (on the meta device, before allocation), and `ShardSpec`s (`shard_specs`) say which slice of
+each full HF-named checkpoint tensor a rank keeps; the loader slices as it reads. `shard_model` does
+both to a model whose full weights are already loaded. Shard before fuse_projections(): fusing
+stacks the per-rank slices, and the state dict of a sharded model holds each rank's slices under
+the HF names.
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -59,38 +62,12 @@ def kv_heads_per_rank(arch: ModelArch, world_size: int) -> int:
     return max(1, arch.num_key_value_heads // world_size)
 
 
-def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
-                group: Optional[dist.ProcessGroup] = None) -> None:
-    """Replace model's projections, embedding and lm_head in place with this rank's shards.
-
-    torch.distributed must be initialized (any backend; gloo on CPU) when world_size > 1, with
-    `group` (default: the world) holding world_size ranks that each call this with their own rank.
-    """
-    arch = model.arch
-    validate_tensor_parallel(arch, world_size)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside [0, {world_size})")
-    if any(layer.self_attn.qkv_proj is not None for layer in model.model.layers):
-        raise ValueError("shard_model must run before fuse_projections() (it slices q/k/v separately)")
-    if world_size > 1:
-        if not dist.is_initialized():
-            raise ValueError("tensor parallelism needs torch.distributed initialized "
-                             "(init_process_group, gloo on CPU) before shard_model")
-        if dist.get_world_size(group) != world_size:
-            raise ValueError(f"process group has {dist.get_world_size(group)} ranks, world_size is {world_size}")
-    shard = _Shard(rank, world_size, group)
-    for layer in model.model.layers:
-        _shard_attention(layer.self_attn, arch, shard)
-        _shard_mlp(layer.mlp, shard)
-    embed = VocabParallelEmbedding(model.model.embed_tokens, shard)
-    model.model.embed_tokens = embed
-    model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
-
-
-class _Shard:
+class Shard:
     """Where this rank sits: rank, world_size and the process group of its collectives."""
 
-    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup]) -> None:
+    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup] = None) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [0, {world_size})")
         self.rank, self.world_size, self.group = rank, world_size, group
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,87 +76,161 @@ class _Shard:
         return x
 
 
-def _shard_attention(attn: LlamaAttention, arch: ModelArch, shard: _Shard) -> None:
+# -- which slice of each full tensor a rank keeps ---------------------------------------------------
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Keep `size` entries of dimension `dim` from `start`; entries past the full extent are zeros
+    (the vocabulary's last slice is padded so all ranks hold equal shapes)."""
+
+    dim: int
+    start: int
+    size: int
+
+    def take(self, full: Any) -> torch.Tensor:
+        """This rank's slice of `full`: a tensor, or a lazy safetensors slice (reads only the slice)."""
+        shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())
+        stop = min(self.start + self.size, shape[self.dim])
+        index = [slice(None)] * len(shape)
+        index[self.dim] = slice(self.start, stop)
+        part = full[tuple(index)]
+        if stop - self.start == self.size:
+            return part
+        shape[self.dim] = self.size
+        out = part.new_zeros(shape)
+        out.narrow(self.dim, 0, stop - self.start).copy_(part)
+        return out
+
+
+def _vocab_slice(vocab_size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """(start, padded per-rank size) of this rank's vocabulary slice."""
+    per_rank = -(-vocab_size // world_size)
+    return rank * per_rank, per_rank
+
+
+def shard_specs(arch: ModelArch, rank: int, world_size: int) -> Callable[[str], Optional[ShardSpec]]:
+    """HF parameter name -> the ShardSpec of `rank`, or None for a tensor every rank keeps whole."""
+    validate_tensor_parallel(arch, world_size)
+    d = arch.head_dim
+    heads, kv_heads = arch.num_attention_heads // world_size, kv_heads_per_rank(arch, world_size)
+    # Rank r's query heads read KV heads r*K/W onwards, also when K < W (then one replicated head).
+    kv_start = rank * arch.num_key_value_heads // world_size
+    q = (rank * heads * d, heads * d)
+    kv = (kv_start * d, kv_heads * d)
+    inter = arch.intermediate_size // world_size
+    mlp = (rank * inter, inter)
+    vocab = _vocab_slice(arch.vocab_size, rank, world_size)
+    table = {
+        "self_attn.q_proj.weight": (0, q), "self_attn.q_proj.bias": (0, q),
+        "self_attn.k_proj.weight": (0, kv), "self_attn.k_proj.bias": (0, kv),
+        "self_attn.v_proj.weight": (0, kv), "self_attn.v_proj.bias": (0, kv),
+        "self_attn.o_proj.weight": (1, q),
+        "mlp.gate_proj.weight": (0, mlp), "mlp.gate_proj.bias": (0, mlp),
+        "mlp.up_proj.weight": (0, mlp), "mlp.up_proj.bias": (0, mlp),
+        "mlp.down_proj.weight": (1, mlp),
+        "model.embed_tokens.weight": (0, vocab), "lm_head.weight": (0, vocab),
+    }
+
+    def spec(name: str) -> Optional[ShardSpec]:
+        key = name if name.startswith(("model.embed", "lm_head")) else ".".join(name.split(".")[-3:])
+        hit = table.get(key)
+        return None if hit is None or world_size == 1 else ShardSpec(hit[0], *hit[1])
+
+    return spec
+
+
+# -- the rank's module structure ----------------------------------------------------------------------
+
+def shard_modules(model: LlamaForCausalLM, shard: Shard) -> None:
+    """Swap in modules of this rank's shapes (uninitialized, on the model's device and dtype; the
+    meta device works). Names stay the HF ones, so `shard_specs` names every parameter's slice."""
+    arch = model.arch
+    validate_tensor_parallel(arch, shard.world_size)
+    if any(layer.self_attn.qkv_proj is not None for layer in model.model.layers):
+        raise ValueError("shard_model must run before fuse_projections() (it slices q/k/v separately)")
+    if shard.world_size > 1:
+        if not dist.is_initialized():
+            raise ValueError("tensor parallelism needs torch.distributed initialized "
+                             "(init_process_group, gloo on CPU) before shard_model")
+        if dist.get_world_size(shard.group) != shard.world_size:
+            raise ValueError(f"process group has {dist.get_world_size(shard.group)} ranks, "
+                             f"world_size is {shard.world_size}")
+    for layer in model.model.layers:
+        _shard_attention(layer.self_attn, arch, shard)
+        _shard_mlp(layer.mlp, shard)
+    embed = VocabParallelEmbedding(model.model.embed_tokens, shard)
+    model.model.embed_tokens = embed
+    model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
+
+
+def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
+                group: Optional[dist.ProcessGroup] = None) -> None:
+    """Replace the projections, embedding and lm_head of a model with loaded full weights, in
+    place, by this rank's shards.
+
+    torch.distributed must be initialized (any backend; gloo on CPU) when world_size > 1, with
+    `group` (default: the world) holding world_size ranks that each call this with their own rank.
+    """
+    shard = Shard(rank, world_size, group)
+    full = {name: p.detach() for name, p in model.named_parameters()}
+    shard_modules(model, shard)
+    spec = shard_specs(model.arch, rank, world_size)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            s = spec(name)
+            p.copy_(full[name] if s is None else s.take(full[name]))
+
+
+def _empty_linear(in_features: int, out_features: int, like: nn.Linear, bias: bool) -> nn.Linear:
+    w = like.weight
+    return nn.Linear(in_features, out_features, bias=bias, device=w.device, dtype=w.dtype)
+
+
+def _shard_attention(attn: LlamaAttention, arch: ModelArch, shard: Shard) -> None:
     d, heads = attn.head_dim, arch.num_attention_heads // shard.world_size
     kv_heads = kv_heads_per_rank(arch, shard.world_size)
-    # Rank r's query heads read KV heads r*K/W onwards, also when K < W (then one replicated head).
-    kv_start = shard.rank * arch.num_key_value_heads // shard.world_size
-    q_rows = slice(shard.rank * heads * d, (shard.rank + 1) * heads * d)
-    kv_rows = slice(kv_start * d, (kv_start + kv_heads) * d)
-    attn.q_proj = column_parallel(attn.q_proj, q_rows)
-    attn.k_proj = column_parallel(attn.k_proj, kv_rows)
-    attn.v_proj = column_parallel(attn.v_proj, kv_rows)
-    attn.o_proj = RowParallelLinear(attn.o_proj, q_rows, shard)
+    bias = attn.q_proj.bias is not None
+    attn.q_proj = _empty_linear(arch.hidden_size, heads * d, attn.q_proj, bias)
+    attn.k_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.k_proj, bias)
+    attn.v_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.v_proj, bias)
+    attn.o_proj = RowParallelLinear(heads * d, attn.o_proj, shard)
     attn.num_heads, attn.num_kv_heads = heads, kv_heads
     attn.sizes = (heads * d, kv_heads * d, kv_heads * d)
 
 
-def _shard_mlp(mlp: LlamaMLP, shard: _Shard) -> None:
+def _shard_mlp(mlp: LlamaMLP, shard: Shard) -> None:
     n = mlp.gate_proj.out_features // shard.world_size
-    rows = slice(shard.rank * n, (shard.rank + 1) * n)
-    mlp.gate_proj = column_parallel(mlp.gate_proj, rows)
-    mlp.up_proj = column_parallel(mlp.up_proj, rows)
-    mlp.down_proj = RowParallelLinear(mlp.down_proj, rows, shard)
-
-
-def column_parallel(full: nn.Linear, rows: slice) -> nn.Linear:
-    """The output features `rows` of `full` (weight and bias): its output stays sharded, so a plain
-    Linear needs no communication."""
-    w = full.weight
-    out = nn.Linear(full.in_features, rows.stop - rows.start, bias=full.bias is not None,
-                    device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        out.weight.copy_(w[rows])
-        if full.bias is not None:
-            out.bias.copy_(full.bias[rows])
-    return out
+    h, bias = mlp.gate_proj.in_features, mlp.gate_proj.bias is not None
+    mlp.gate_proj = _empty_linear(h, n, mlp.gate_proj, bias)
+    mlp.up_proj = _empty_linear(h, n, mlp.up_proj, bias)
+    mlp.down_proj = RowParallelLinear(n, mlp.down_proj, shard)
 
 
 class RowParallelLinear(nn.Linear):
-    """Input features `cols` of a Linear; partial outputs are summed across ranks, then the full
-    (replicated) bias is added once."""
+    """`in_features` input features of a Linear shaped like `full`; partial outputs are summed
+    across ranks, then the full (replicated) bias is added once."""
 
-    def __init__(self, full: nn.Linear, cols: slice, shard: _Shard) -> None:
+    def __init__(self, in_features: int, full: nn.Linear, shard: Shard) -> None:
         w = full.weight
-        super().__init__(cols.stop - cols.start, full.out_features, bias=full.bias is not None,
+        super().__init__(in_features, full.out_features, bias=full.bias is not None,
                          device=w.device, dtype=w.dtype)
         self.shard = shard
-        with torch.no_grad():
-            self.weight.copy_(w[:, cols])
-            if full.bias is not None:
-                self.bias.copy_(full.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.shard.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
-def _vocab_slice(vocab_size: int, shard: _Shard) -> tuple[int, int]:
-    """(start, padded per-rank size): all ranks hold equal slices so all_gather sees equal shapes;
-    the last slice is padded with zero rows past the vocabulary."""
-    per_rank = -(-vocab_size // shard.world_size)
-    return shard.rank * per_rank, per_rank
-
-
-def _padded_rows(full: torch.Tensor, start: int, n: int) -> torch.Tensor:
-    out = full.new_zeros((n, full.shape[1]))
-    rows = full[start:start + n]
-    out[:rows.shape[0]] = rows
-    return out
-
-
 class VocabParallelEmbedding(nn.Embedding):
     """This rank's slice of the vocabulary; ids outside it embed to zeros and an all_reduce sums the
     ranks' rows (exactly one rank contributes each id)."""
 
-    def __init__(self, full: nn.Embedding, shard: _Shard) -> None:
+    def __init__(self, full: nn.Embedding, shard: Shard) -> None:
         self.vocab_size = full.num_embeddings
-        self.vocab_start, per_rank = _vocab_slice(self.vocab_size, shard)
+        self.vocab_start, per_rank = _vocab_slice(self.vocab_size, shard.rank, shard.world_size)
         w = full.weight
         super().__init__(per_rank, full.embedding_dim, device=w.device, dtype=w.dtype)
         self.shard = shard
-        with torch.no_grad():
-            self.weight.copy_(_padded_rows(w, self.vocab_start, per_rank))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.vocab_start
@@ -192,17 +243,14 @@ class ParallelLMHead(nn.Linear):
     """This rank's vocab slice of lm_head (the embedding's own slice when tied); all_gather of the
     logits slices gives every rank the full [N, vocab]."""
 
-    def __init__(self, full: nn.Linear, tied: Optional[VocabParallelEmbedding], shard: _Shard) -> None:
+    def __init__(self, full: nn.Linear, tied: Optional[VocabParallelEmbedding], shard: Shard) -> None:
         self.vocab_size = full.out_features
-        start, per_rank = _vocab_slice(self.vocab_size, shard)
+        _, per_rank = _vocab_slice(self.vocab_size, shard.rank, shard.world_size)
         w = full.weight
         super().__init__(full.in_features, per_rank, bias=False, device=w.device, dtype=w.dtype)
         self.shard = shard
         if tied is not None:
             self.weight = tied.weight
-        else:
-            with torch.no_grad():
-                self.weight.copy_(_padded_rows(w, start, per_rank))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)

@@ -6,7 +6,9 @@ device and only the sampled ids (plus logprobs when asked) come back.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -17,6 +19,9 @@ from tritongen.ops.attention import AttentionMetadata, select_attention_backend
 from tritongen.runner.cuda_graph import maybe_build_graphs
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
+
+if TYPE_CHECKING:
+    from tritongen.parallel.tensor_parallel import Shard
 
 logger = logging.getLogger(__name__)
 
@@ -54,22 +59,33 @@ class _Batch:
 
 
 class ModelRunner:
+    """One model replica, or with a tensor-parallel `shard` one rank of it. The driver (rank 0)
+    samples; other ranks run the same forward passes and logits (they join its collectives) and
+    return nothing."""
+
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, model_path: str) -> None:
+                 scheduler_config: SchedulerConfig, model_path: str,
+                 shard: Optional["Shard"] = None, driver: bool = True) -> None:
         self.device = resolve_device(model_config.device)
+        self.shard = shard
+        if shard is not None and shard.world_size > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", shard.rank)  # rank r drives the r-th visible GPU
+            torch.cuda.set_device(self.device)
         torch.manual_seed(model_config.seed)
         from tritongen.models.loader import read_arch
 
         arch = read_arch(model_path)
         self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
-        self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed)
+        self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed,
+                                           shard=shard)
         self.model.eval()
         if self.device.type == "cuda":
             self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
         self.block_size = cache_config.block_size
-        self.num_blocks = cache_config.num_blocks or self._num_blocks_from_memory(cache_config, scheduler_config)
+        self.num_blocks = self._agree(cache_config.num_blocks
+                                      or self._num_blocks_from_memory(cache_config, scheduler_config))
         self.kv_caches = self._allocate_kv_cache()
-        self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed)
+        self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed) if driver else None
         self._pin = self.device.type == "cuda"
         self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
         max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
@@ -82,9 +98,17 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        a = self.arch
+        """KV bytes of one block over all layers, of this rank's heads."""
         elt = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim * elt
+        return self.arch.num_hidden_layers * elt * math.prod(self.model.kv_cache_shape(1, self.block_size))
+
+    def _agree(self, num_blocks: int) -> int:
+        """Every rank must hold the same number of blocks (the scheduler's): the smallest wins."""
+        if self.shard is None or self.shard.world_size == 1:
+            return num_blocks
+        t = torch.tensor([num_blocks], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.shard.group)
+        return int(t.item())
 
     def _num_blocks_from_memory(self, cache: CacheConfig, sched: SchedulerConfig) -> int:
         if self.device.type != "cuda":
@@ -104,9 +128,8 @@ class ModelRunner:
         return num_blocks
 
     def _allocate_kv_cache(self) -> list[torch.Tensor]:
-        a = self.arch
-        shape = (2, self.num_blocks, self.block_size, a.num_key_value_heads, a.head_dim)
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(a.num_hidden_layers)]
+        shape = self.model.kv_cache_shape(self.num_blocks, self.block_size)  # this rank's KV heads
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
 
     def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype)
@@ -149,14 +172,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelOutput:
-        self.sampler.drop(sched.finished_request_ids)
+        if self.sampler is not None:
+            self.sampler.drop(sched.finished_request_ids)
         if sched.is_empty:
             return ModelOutput(sampled_token_ids=[])
         if self.graphs is not None and self.graphs.can_run(sched.seqs):
             hidden = self.graphs.run(sched.seqs)  # pure decode: every row samples, in order
-            logits = self.model.compute_logits(hidden)
-            ids, logprobs = self.sampler.sample(logits, sched.seqs)
-            return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
+            return self._sample(self.model.compute_logits(hidden), sched.seqs)
         batch = self._prepare(sched)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         prompt_lps = None
@@ -165,9 +187,15 @@ class ModelRunner:
         sampling = [s for s in sched.seqs if s.do_sample]
         if not sampling:
             return ModelOutput(sampled_token_ids=[], prompt_logprobs=prompt_lps)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
-        ids, logprobs = self.sampler.sample(logits, sampling)
-        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs, prompt_logprobs=prompt_lps)
+        out = self._sample(self.model.compute_logits(hidden[batch.logits_indices]), sampling)
+        out.prompt_logprobs = prompt_lps
+        return out
+
+    def _sample(self, logits: torch.Tensor, seqs: list) -> ModelOutput:
+        if self.sampler is None:  # a tensor-parallel worker: the logits were for the all_gather
+            return ModelOutput(sampled_token_ids=[])
+        ids, logprobs = self.sampler.sample(logits, seqs)
+        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, sched: SchedulerOutput) -> dict[str, list[TokenLogprob]]:
         """Logprobs of the next prompt token at every scheduled prompt position of the requests
@@ -188,7 +216,7 @@ class ModelRunner:
         # Slices of 256 rows bound the [rows, vocab] float32 temporaries.
         result: list[TokenLogprob] = []
         for i in range(0, len(targets), 256):
-            logits = self.model.compute_logits(hidden[i:i + 256])[:, : self.sampler.vocab_size].float()
+            logits = self.model.compute_logits(hidden[i:i + 256])[:, : self.arch.vocab_size].float()
             lp = torch.log_softmax(logits, dim=-1)
             tgt = torch.tensor(targets[i:i + 256], device=lp.device)
             chosen = lp.gather(1, tgt.unsqueeze(1)).squeeze(1).tolist()

@@ -14,10 +14,10 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Collection, Iterable, Optional, Union
 
-from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
+from tritongen.config import ENGINE_CONFIG_PARTS
 from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
 
-_ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig)
+_ENGINE_CONFIGS = tuple(cls for _, cls in ENGINE_CONFIG_PARTS)
 
 _MODEL_PY = '''"""Triton Python-backend model written by `tritongen repo`; the logic lives in {module}."""
 from {module} import {cls}  # noqa: F401

@@ -1,0 +1,182 @@
+"""Rank 0 of a tensor-parallel engine: starts ranks 1..N-1 as worker processes and drives them.
+
+The engine (scheduler, detokenizer) exists once, in the caller's process, which is rank 0. Each
+step, TensorParallelRunner sends every worker the step's compact message (worker.step_message),
+then runs its own shard; the ranks meet only in the model's collectives, and only rank 0 samples.
+Workers are fresh interpreters (`python -m tritongen.parallel.worker`, never forked: CUDA and the
+engine's threads do not survive a fork; not multiprocessing's spawn either, which re-imports the
+caller's __main__) that read pickled messages from an inherited pipe, so they start the same way
+from a script, a test or Triton's Python-backend stub.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import weakref
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from tritongen.config import EngineConfig
+from tritongen.parallel.worker import WorkerSpec, step_message, timeout
+from tritongen.types import ModelOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_JOIN_TIMEOUT_S = 10.0
+
+
+def check_tensor_parallel(config: EngineConfig, model_path: str) -> str:
+    """The torch.distributed backend for this config; ValueError naming what makes it impossible."""
+    import torch
+    import torch.distributed as dist
+
+    from tritongen.models.loader import read_arch
+    from tritongen.parallel.tensor_parallel import validate_tensor_parallel
+    from tritongen.runner.model_runner import resolve_device
+
+    n = config.parallel.tensor_parallel_size
+    validate_tensor_parallel(read_arch(model_path), n)
+    device = resolve_device(config.model.device)
+    if device.type == "cuda":
+        if device.index not in (None, 0):
+            raise ValueError(f"tensor parallelism uses cuda:0..{n - 1} of the visible GPUs; pass device "
+                             f"'cuda' and choose GPUs with CUDA_VISIBLE_DEVICES instead of {config.model.device!r}")
+        visible = torch.cuda.device_count()
+        if n > visible:
+            raise ValueError(f"tensor_parallel_size {n} is larger than the {visible} visible GPU(s)")
+        if not dist.is_nccl_available():
+            raise ValueError("tensor parallelism on CUDA needs torch.distributed with NCCL")
+        return "nccl"
+    if not dist.is_gloo_available():
+        raise ValueError(f"tensor_parallel_size {n} on CPU needs torch.distributed with the gloo backend, "
+                         "which this torch build lacks")
+    return "gloo"
+
+
+def python_executable() -> str:
+    """The interpreter for worker processes. Inside Triton's stub sys.executable is not Python."""
+    for candidate in (sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or ""):
+        if candidate and os.path.basename(candidate).startswith("python") and os.access(candidate, os.X_OK):
+            return candidate
+    raise RuntimeError("no Python interpreter found for tensor parallel workers (set PATH to include python3)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Workers:
+    """The worker processes and their pipes; stop() is idempotent and also runs at exit/GC."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+
+    def start(self, spec: WorkerSpec) -> None:
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen([python_executable(), "-m", "tritongen.parallel.worker", str(read_fd)],
+                                    pass_fds=(read_fd,), env=env, close_fds=True)
+        finally:
+            os.close(read_fd)
+        conn = Connection(write_fd, readable=False)
+        self.procs.append(proc)
+        self.conns.append(conn)
+        conn.send(spec)
+
+    def check(self) -> None:
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensor parallel worker rank {rank} (pid {proc.pid}) exited with code "
+                                   f"{proc.returncode}; the engine cannot run steps any more")
+
+    def send(self, msg: Any) -> None:
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(msg)
+            except (BrokenPipeError, ConnectionError, OSError) as exc:
+                raise RuntimeError(f"tensor parallel worker rank {rank} is gone ({exc})") from exc
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except Exception:  # already gone
+                pass
+            conn.close()
+        for proc in self.procs:
+            for end in (None, proc.terminate, proc.kill):
+                if end is not None:
+                    end()
+                try:
+                    proc.wait(_JOIN_TIMEOUT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self.procs, self.conns = [], []
+
+
+def _stop(workers: _Workers) -> None:
+    import torch.distributed as dist
+
+    workers.stop()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class TensorParallelRunner:
+    """RunnerLike for tensor_parallel_size > 1: rank 0's ModelRunner plus the worker processes."""
+
+    def __init__(self, config: EngineConfig, model_path: str) -> None:
+        import torch.distributed as dist
+
+        from tritongen.parallel.tensor_parallel import Shard
+        from tritongen.runner.model_runner import ModelRunner
+
+        n = config.parallel.tensor_parallel_size
+        backend = check_tensor_parallel(config, model_path)
+        if dist.is_initialized():
+            raise RuntimeError("torch.distributed is already initialized in this process: one "
+                               "tensor-parallel engine per process")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._workers = _Workers()
+        self._finalizer = weakref.finalize(self, _stop, self._workers)
+        try:
+            for rank in range(1, n):
+                self._workers.start(WorkerSpec(rank, n, backend, init_method, config, model_path, os.getpid()))
+            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=n, timeout=timeout())
+            self.runner = ModelRunner(config.model, config.cache, config.scheduler, model_path,
+                                      shard=Shard(0, n), driver=True)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.num_blocks, self.block_size, self.arch = self.runner.num_blocks, self.runner.block_size, self.runner.arch
+        logger.info("tensor parallel: %d ranks (%s), worker pids %s", n, backend, self.worker_pids)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self._workers.procs]
+
+    def execute(self, sched: SchedulerOutput) -> ModelOutput:
+        self._workers.check()
+        if not sched.is_empty:  # an empty step only lets rank 0 drop per-request sampler state
+            self._workers.send(step_message(sched))
+        try:
+            return self.runner.execute(sched)
+        except Exception:
+            self._workers.check()  # a dead worker is the better explanation of a failed collective
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the workers (each exits its loop) and leave the process group."""
+        self._finalizer()
