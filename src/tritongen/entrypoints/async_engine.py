@@ -158,7 +158,7 @@ class AsyncLLM:
                 logger.exception("engine step failed")
                 failures += 1
                 outputs = self.engine.fail_all(exc)
-                if failures >= _MAX_CONSECUTIVE_FAILURES:
+                if failures >= _MAX_CONSECUTIVE_FAILURES or getattr(exc, "fatal", False):
                     self._dead = exc
             self._stats = self.engine.stats()
             self._dispatch(outputs)

@@ -72,6 +72,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class WorkerLostError(RuntimeError):
+    """A tensor-parallel worker died: no later step can run (the AsyncLLM engine stops at once)."""
+
+    fatal = True
+
+
 class _Workers:
     """The worker processes and their pipes; stop() is idempotent and also runs at exit/GC."""
 
@@ -97,7 +103,7 @@ class _Workers:
     def check(self) -> None:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
-                raise RuntimeError(f"tensor parallel worker rank {rank} (pid {proc.pid}) exited with code "
+                raise WorkerLostError(f"tensor parallel worker rank {rank} (pid {proc.pid}) exited with code "
                                    f"{proc.returncode}; the engine cannot run steps any more")
 
     def send(self, msg: Any) -> None:
@@ -105,7 +111,7 @@ class _Workers:
             try:
                 conn.send(msg)
             except (BrokenPipeError, ConnectionError, OSError) as exc:
-                raise RuntimeError(f"tensor parallel worker rank {rank} is gone ({exc})") from exc
+                raise WorkerLostError(f"tensor parallel worker rank {rank} is gone ({exc})") from exc
 
     def stop(self) -> None:
         for conn in self.conns:
@@ -174,7 +180,13 @@ class TensorParallelRunner:
         try:
             return self.runner.execute(sched)
         except Exception:
-            self._workers.check()  # a dead worker is the better explanation of a failed collective
+            # A dead worker is the better explanation of a failed collective; give it a moment to be reaped.
+            for proc in self._workers.procs:
+                try:
+                    proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._workers.check()
             raise
 
     def shutdown(self) -> None:
