@@ -1,0 +1,92 @@
+"""The `llm` model with tensor_parallel_size=2 inside a real tritonserver (CPU, gloo): the stub is
+rank 0 and starts one worker process; greedy output equals the in-process TP=1 engine, and the
+worker goes away on unload and on server exit (no orphans)."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from triton_helpers import TINY, free_ports, generate, http_post, stub_pids
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs of the processes whose parent is `pid` and that run a tensor-parallel worker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"tritongen.parallel.worker" in cmd:
+            found.append(int(entry))
+    return found
+
+
+def _workers(repo) -> list[int]:
+    return [w for stub in stub_pids(repo) for w in _children(stub)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(predicate, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) -> None:
+    from conftest import triton_available
+
+    if not triton_available():
+        pytest.skip("tritonserver (nvidia-pytriton) or tritonclient is not installed")
+    from tritongen.triton.launcher import TritonServer
+    from tritongen.triton.repo import write_repository
+    from tritongen.types import SamplingParams
+
+    repo = write_repository(tmp_path / "repo", {**TINY, "tensor_parallel_size": 2})
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          log_file=tmp_path / "server.log", model_control="explicit", load_models=["llm"],
+                          exit_timeout_s=30)
+    server.start()
+    seen: list[int] = []
+    try:
+        server.wait_ready(timeout=300)
+        workers = _workers(repo)
+        assert len(workers) == 1, (tmp_path / "server.log").read_text()[-3000:]
+        seen += workers
+        prompt = "The quick brown fox"
+        expected = reference_llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0].text
+        body = {"text_input": prompt, "max_tokens": 12, "temperature": 0.0, "exclude_input_in_output": True}
+        assert generate(server.http_url, "llm", body)["text_output"] == expected
+
+        status, raw = http_post(server.http_url, "/v2/repository/models/llm/unload", {})
+        assert status == 200, raw
+        assert _wait(lambda: not any(_alive(w) for w in workers)), "worker outlived the unloaded model"
+
+        status, raw = http_post(server.http_url, "/v2/repository/models/llm/load", {})
+        assert status == 200, raw
+        reloaded = _workers(repo)
+        assert len(reloaded) == 1 and reloaded != workers
+        seen += reloaded
+        assert generate(server.http_url, "llm", body)["text_output"] == expected
+    finally:
+        server.stop()
+    assert server.process.poll() is not None
+    assert _wait(lambda: not any(_alive(w) for w in seen), timeout=30), "worker outlived tritonserver"
