@@ -1,0 +1,94 @@
+"""Tensor parallelism on one host: TP=1 vs TP=N of the same model in one job (issue 7's measurement).
+
+For each tensor_parallel_size: batch-1 decode latency (128 in / 256 out, prefill excluded) and
+offline sharegpt-like-1000 throughput, bf16, dummy weights (identical at every TP size), no prefix
+caching. Prints a table with the ratios against TP=1 and writes JSON.
+
+    PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache \
+        python3 benchmarks/tp_suite.py --model dummy:llama-2-13b --tp 1,2 --json-out $OUT/tp_suite.json
+    PYTHONPATH=src python benchmarks/tp_suite.py --smoke     # CPU, gloo, tiny model: the code path only
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+
+
+def _log(msg: str, t0: float = time.perf_counter()) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
+
+
+def _measure(args: argparse.Namespace, tp: int) -> dict:
+    import torch
+
+    from tritongen import LLM
+    from tritongen.bench.datasets import BenchRequest, load_dataset
+    from tritongen.bench.offline import model_prompts, run_latency, run_offline
+
+    _log(f"loading {args.model} tp={tp}")
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, tensor_parallel_size=tp,
+              enable_prefix_caching=False, **({"num_blocks": args.num_blocks} if args.num_blocks else {}))
+    try:
+        result: dict = {"tp": tp, "kv_blocks": llm.engine.runner.num_blocks}
+        _log(f"ready: {result['kv_blocks']} KV blocks; batch-1 latency")
+        result["bs1"] = run_latency(llm, 1, args.input_len, args.output_len, iters=args.iters)
+        _log(f"bs1 {result['bs1']['decode_step_ms']['mean']:.3f} ms/step; offline {args.dataset}")
+        reqs = load_dataset(args.dataset, args.num_prompts, 0, llm.tokenizer)
+        reqs = [BenchRequest(ids, len(ids), r.output_len) for ids, r in zip(model_prompts(llm, reqs), reqs)]
+        result["offline"] = run_offline(llm, reqs)
+        _log(f"offline {result['offline']}")
+        return result
+    finally:
+        llm.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _table(results: list[dict]) -> str:
+    base = results[0]
+    lines = [f"{'tp':>3} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10} {'req/s':>8} "
+             f"{'out tok/s':>10} {'x thruput':>10}"]
+    for r in results:
+        step = r["bs1"]["decode_step_ms"]["mean"]
+        off = r["offline"]
+        lat = step / base["bs1"]["decode_step_ms"]["mean"]
+        thr = off["output_tok_s"] / base["offline"]["output_tok_s"]
+        lines.append(f"{r['tp']:>3} {step:>12.3f} {1000 / step:>10.1f} {lat:>10.3f} {off['rps']:>8.2f} "
+                     f"{off['output_tok_s']:>10.0f} {thr:>10.3f}")
+    lines.append("goals (issue 7): throughput x >= 1.7, batch-1 latency x <= 0.6 at TP=2")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="dummy:llama-2-13b")
+    ap.add_argument("--tp", default="1,2", help="tensor parallel sizes, comma-separated (first = baseline)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dataset", default="sharegpt-like")
+    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--num-blocks", type=int, default=None)
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, few prompts (checks the code path)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.model, args.dtype, args.device, args.num_prompts = "dummy:tiny-llama", "float32", "cpu", 8
+        args.input_len, args.output_len, args.iters, args.num_blocks = 16, 8, 1, 256
+    results = [_measure(args, int(tp)) for tp in args.tp.split(",")]
+    print(_table(results), flush=True)
+    out = args.json_out or (os.path.join(os.environ["OUT"], "tp_suite.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"model": args.model, "dtype": args.dtype, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
