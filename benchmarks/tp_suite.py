@@ -21,18 +21,23 @@ def _log(msg: str, t0: float = time.perf_counter()) -> None:
     print(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - t0:6.1f}s] {msg}", flush=True)
 
 
-def _measure(args: argparse.Namespace, tp: int) -> dict:
+def _measure(args: argparse.Namespace, spec: str) -> dict:
+    """One engine: spec is TP or TP@MAX_NUM_SEQS (more KV per rank can hold a larger batch)."""
     import torch
 
     from tritongen import LLM
     from tritongen.bench.datasets import BenchRequest, load_dataset
     from tritongen.bench.offline import model_prompts, run_latency, run_offline
 
-    _log(f"loading {args.model} tp={tp}")
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, tensor_parallel_size=tp,
-              enable_prefix_caching=False, **({"num_blocks": args.num_blocks} if args.num_blocks else {}))
+    tp, _, seqs = spec.partition("@")
+    kw = {"num_blocks": args.num_blocks} if args.num_blocks else {}
+    if seqs:
+        kw["max_num_seqs"] = int(seqs)
+    _log(f"loading {args.model} tp={tp} {kw}")
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, tensor_parallel_size=int(tp),
+              enable_prefix_caching=False, **kw)
     try:
-        result: dict = {"tp": tp, "kv_blocks": llm.engine.runner.num_blocks}
+        result: dict = {"tp": spec, "kv_blocks": llm.engine.runner.num_blocks}
         _log(f"ready: {result['kv_blocks']} KV blocks; batch-1 latency")
         result["bs1"] = run_latency(llm, 1, args.input_len, args.output_len, iters=args.iters)
         _log(f"bs1 {result['bs1']['decode_step_ms']['mean']:.3f} ms/step; offline {args.dataset}")
@@ -51,14 +56,14 @@ def _measure(args: argparse.Namespace, tp: int) -> dict:
 
 def _table(results: list[dict]) -> str:
     base = results[0]
-    lines = [f"{'tp':>3} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10} {'req/s':>8} "
+    lines = [f"{'tp':>6} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10} {'req/s':>8} "
              f"{'out tok/s':>10} {'x thruput':>10}"]
     for r in results:
         step = r["bs1"]["decode_step_ms"]["mean"]
         off = r["offline"]
         lat = step / base["bs1"]["decode_step_ms"]["mean"]
         thr = off["output_tok_s"] / base["offline"]["output_tok_s"]
-        lines.append(f"{r['tp']:>3} {step:>12.3f} {1000 / step:>10.1f} {lat:>10.3f} {off['rps']:>8.2f} "
+        lines.append(f"{r['tp']:>6} {step:>12.3f} {1000 / step:>10.1f} {lat:>10.3f} {off['rps']:>8.2f} "
                      f"{off['output_tok_s']:>10.0f} {thr:>10.3f}")
     lines.append("goals (issue 7): throughput x >= 1.7, batch-1 latency x <= 0.6 at TP=2")
     return "\n".join(lines)
@@ -67,7 +72,7 @@ def _table(results: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="dummy:llama-2-13b")
-    ap.add_argument("--tp", default="1,2", help="tensor parallel sizes, comma-separated (first = baseline)")
+    ap.add_argument("--tp", default="1,2", help="tensor parallel sizes, comma-separated (first = baseline); TP@N also sets max_num_seqs N")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dataset", default="sharegpt-like")
@@ -82,7 +87,7 @@ def main() -> None:
     if args.smoke:
         args.model, args.dtype, args.device, args.num_prompts = "dummy:tiny-llama", "float32", "cpu", 8
         args.input_len, args.output_len, args.iters, args.num_blocks = 16, 8, 1, 256
-    results = [_measure(args, int(tp)) for tp in args.tp.split(",")]
+    results = [_measure(args, spec) for spec in args.tp.split(",")]
     print(_table(results), flush=True)
     out = args.json_out or (os.path.join(os.environ["OUT"], "tp_suite.json") if os.environ.get("OUT") else None)
     if out:

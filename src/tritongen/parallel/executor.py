@@ -134,9 +134,14 @@ class _Workers:
 
 def _stop(workers: _Workers) -> None:
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     workers.stop()
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl" and hasattr(c10d, "_abort_process_group"):
+        c10d._abort_process_group()  # the workers are gone: a graceful NCCL finalize would wait for them
+    else:
         dist.destroy_process_group()
 
 

@@ -96,11 +96,11 @@ def worker_main(conn: Connection) -> None:
         logger.exception("tensor parallel worker rank %d failed", rank)
         sys.stderr.flush()
         os._exit(1)  # no clean-up that could block on a dead peer
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
-
+    # No destroy_process_group: NCCL's graceful finalize waits for every rank, and rank 0 aborts
+    # its side only after the workers are gone. Exiting releases the GPU and the sockets.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 if __name__ == "__main__":
     worker_main(Connection(int(sys.argv[1]), writable=False))

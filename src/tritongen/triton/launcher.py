@@ -37,15 +37,20 @@ class TritonInstall:
 
 
 def find_tritonserver() -> TritonInstall:
-    """tritonserver on PATH first, else the binary inside the nvidia-pytriton wheel."""
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        return TritonInstall(Path(on_path))
-    spec = importlib.util.find_spec("pytriton")  # locate without importing (it pins old numpy)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("tritonserver not found: put it on PATH, or install the wheel that ships it "
-                                "(pip install 'tritongen[triton]', i.e. nvidia-pytriton)")
-    package = Path(list(spec.submodule_search_locations)[0])
+    """$TRITONGEN_PYTRITON_DIR (a directory laid out like the wheel's site-packages part: pytriton/
+    and nvidia_pytriton.libs/, e.g. the GPU bundle's), else tritonserver on PATH, else the binary
+    inside the installed nvidia-pytriton wheel."""
+    override = os.environ.get("TRITONGEN_PYTRITON_DIR")
+    if override:
+        package = Path(override) / "pytriton"
+    elif shutil.which("tritonserver"):
+        return TritonInstall(Path(shutil.which("tritonserver")))
+    else:
+        spec = importlib.util.find_spec("pytriton")  # locate without importing (it pins old numpy)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("tritonserver not found: put it on PATH, or install the wheel that ships it "
+                                    "(pip install 'tritongen[triton]', i.e. nvidia-pytriton)")
+        package = Path(list(spec.submodule_search_locations)[0])
     root = package / "tritonserver"
     binary = root / "bin" / "tritonserver"
     if not binary.is_file():
