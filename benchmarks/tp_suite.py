@@ -54,6 +54,31 @@ def _measure(args: argparse.Namespace, spec: str) -> dict:
             torch.cuda.empty_cache()
 
 
+def _measure_in_subprocess(args: argparse.Namespace, spec: str) -> dict:
+    """Each configuration in a fresh process: nothing (GPU memory, process group) carries over."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, *_forwarded(args), "--one", spec, "--json-out", f.name]
+        proc = subprocess.run(cmd, timeout=args.timeout_per_config)
+        if proc.returncode != 0:
+            raise RuntimeError(f"configuration {spec} failed with exit code {proc.returncode}")
+        with open(f.name) as fh:
+            return json.load(fh)
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    names = ("model", "dtype", "device", "dataset", "num_prompts", "input_len", "output_len", "iters", "num_blocks")
+    out = []
+    for n in names:
+        v = getattr(args, n)
+        if v is not None:
+            out += [f"--{n.replace('_', '-')}", str(v)]
+    return out
+
+
 def _table(results: list[dict]) -> str:
     base = results[0]
     lines = [f"{'tp':>6} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10} {'req/s':>8} "
@@ -83,11 +108,18 @@ def main() -> None:
     ap.add_argument("--num-blocks", type=int, default=None)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, few prompts (checks the code path)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one spec, write JSON
+    ap.add_argument("--timeout-per-config", type=float, default=300.0)
     args = ap.parse_args()
     if args.smoke:
         args.model, args.dtype, args.device, args.num_prompts = "dummy:tiny-llama", "float32", "cpu", 8
         args.input_len, args.output_len, args.iters, args.num_blocks = 16, 8, 1, 256
-    results = [_measure(args, spec) for spec in args.tp.split(",")]
+    if args.one:
+        result = _measure(args, args.one)
+        with open(args.json_out, "w") as f:
+            json.dump(result, f)
+        return
+    results = [_measure_in_subprocess(args, spec) for spec in args.tp.split(",")]
     print(_table(results), flush=True)
     out = args.json_out or (os.path.join(os.environ["OUT"], "tp_suite.json") if os.environ.get("OUT") else None)
     if out:

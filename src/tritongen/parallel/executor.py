@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -132,17 +133,34 @@ class _Workers:
         self.procs, self.conns = [], []
 
 
-def _stop(workers: _Workers) -> None:
+def _leave_group() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    workers.stop()
     if not dist.is_initialized():
         return
     if dist.get_backend() == "nccl" and hasattr(c10d, "_abort_process_group"):
         c10d._abort_process_group()  # the workers are gone: a graceful NCCL finalize would wait for them
     else:
         dist.destroy_process_group()
+
+
+def _stop(workers: _Workers) -> None:
+    workers.stop()
+    # Bounded: leaving the group must never hang the caller (a server's unload, an interpreter exit).
+    done = threading.Event()
+
+    def leave() -> None:
+        try:
+            _leave_group()
+        except Exception:
+            logger.exception("leaving the tensor parallel process group failed")
+        done.set()
+
+    threading.Thread(target=leave, name="tritongen-tp-leave", daemon=True).start()
+    if not done.wait(_JOIN_TIMEOUT_S):
+        logger.warning("leaving the tensor parallel process group took over %.0f s; going on without it "
+                       "(a new tensor-parallel engine in this process will be refused)", _JOIN_TIMEOUT_S)
 
 
 class TensorParallelRunner:
