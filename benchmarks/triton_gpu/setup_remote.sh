@@ -44,6 +44,27 @@ PY
   "$PY" -m venv --without-pip --system-site-packages "$V"
   site=$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/_tritongen_parent.pth"
+  # scipy and scikit-learn in the image need numpy 2; transformers imports them when it finds them
+  # (GenerationMixin -> sklearn). Hidden from the path finder, they count as not installed.
+  cat > "$site/_tritongen_hide.py" <<'PY'
+"""Packages built against numpy 2 are invisible in this numpy-1.26 venv (find_spec returns None)."""
+import importlib.machinery
+import sys
+
+_HIDDEN = {"scipy", "sklearn"}
+
+
+class _HidingPathFinder(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in _HIDDEN:
+            return None
+        return super().find_spec(name, path, target)
+
+
+sys.meta_path[:] = [_HidingPathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+PY
+  echo "import _tritongen_hide" > "$site/_tritongen_hide.pth"
 
   log "pip install (offline): $(tr '\n' ' ' < "$DEST/requirements.txt")"
   "$PY" -m pip --python "$V/bin/python" install -q --no-index --no-cache-dir --disable-pip-version-check \
@@ -54,6 +75,7 @@ import numpy
 import tritonclient.grpc  # noqa: F401  (checks the grpcio and protobuf versions it was generated for)
 import fastapi, uvicorn  # noqa: F401,E401
 import torch, transformers  # noqa: F401,E401  (built against numpy 2; they must import with 1.26)
+from transformers import AutoTokenizer, GenerationMixin  # noqa: F401,E401  (lazy: imports sklearn if visible)
 assert numpy.__version__ == "1.26.4", numpy.__file__
 print("venv ok:", ", ".join(f"{n} {md.version(n)}" for n in ("numpy", "torch", "tritonclient", "grpcio", "protobuf")))
 PY
