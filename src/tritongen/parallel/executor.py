@@ -214,4 +214,15 @@ class TensorParallelRunner:
 
     def shutdown(self) -> None:
         """Stop the workers (each exits its loop) and leave the process group."""
+        runner = getattr(self, "runner", None)
+        if runner is not None and runner.graphs is not None:
+            # Graphs that captured NCCL kernels hold the communicator: an abort waits for them (seen
+            # on the 2xH200), so they go first.
+            import torch
+
+            runner.graphs = None
+            import gc
+
+            gc.collect()
+            torch.cuda.synchronize(runner.device)
         self._finalizer()
