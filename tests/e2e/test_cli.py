@@ -34,3 +34,30 @@ def test_unknown_preset_lists_presets():
 def test_bad_sampling_value_is_a_clear_error():
     r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--top-p", "0", "--device", "cpu")
     assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tensor_parallel_size_reaches_every_engine_command():
+    from tritongen.cli import build_parser
+
+    parser = build_parser()
+    commands = {"generate": ["x"], "serve": [], "repo": ["--out", "r"], "bench offline": [], "eval parity": []}
+    for command, extra in commands.items():
+        args = parser.parse_args([*command.split(), *extra, "--tensor-parallel-size", "2"])
+        assert args.tensor_parallel_size == 2, command
+
+
+def test_generate_with_two_tensor_parallel_ranks_matches_one():
+    outs = []
+    for tp in ("1", "2"):
+        r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--max-tokens", "6", "--no-chat",
+                      "--device", "cpu", "--num-blocks", "64", "--tensor-parallel-size", tp)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] and outs[0].strip()
+
+
+def test_impossible_tensor_parallel_size_is_a_clear_error():
+    r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--device", "cpu",
+                  "--tensor-parallel-size", "3")
+    assert r.returncode == 2 and "not divisible by tensor parallel world_size 3" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -18,7 +18,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
 
     prompts = load_prompts(args.prompts)[: args.limit or None]
     summary = run_parity(args.model, prompts, args.max_tokens, args.chat, dtype=args.dtype, device=args.device,
-                         seed=args.seed, enable_prefix_caching=False)
+                         seed=args.seed, enable_prefix_caching=False, tensor_parallel_size=args.tensor_parallel_size)
     print(format_parity(summary))
     if args.show:
         for i, row in enumerate(summary["per_prompt"]):
@@ -70,6 +70,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="split our engine over N ranks")
     p.add_argument("--prompts", default="builtin", help="builtin | FILE.txt (one per line) | FILE.jsonl")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--max-tokens", type=int, default=64)

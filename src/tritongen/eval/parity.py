@@ -44,9 +44,14 @@ def _hf_model(llm, model: str):
     from tritongen.models.hf_twin import hf_twin
     from tritongen.models.loader import is_dummy
 
-    runner = llm.engine.runner
+    runner = getattr(llm.engine.runner, "runner", llm.engine.runner)  # rank 0's under tensor parallelism
     if is_dummy(model):
-        return hf_twin(runner.model, runner.arch, attn_implementation="eager")
+        net = runner.model
+        if runner.shard is not None and runner.shard.world_size > 1:  # the twin needs the whole model
+            from tritongen.models.loader import load_model
+
+            net, _ = load_model(model, runner.dtype, runner.device, seed=llm.config.model.seed)
+        return hf_twin(net, runner.arch, attn_implementation="eager")
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=runner.dtype, attn_implementation="eager")
     return hf.to(runner.device).eval() if runner.device.type != "cpu" else hf.eval()
 
@@ -107,8 +112,9 @@ def run_parity(model: str, prompts: list[str], max_tokens: int = 64, chat: bool 
         per_prompt.append(row)
         ours_text.append(tok.decode(out.token_ids, skip_special_tokens=True))
         hf_text.append(tok.decode(hf_ids, skip_special_tokens=True))
-    return summarize_parity(model, str(llm.engine.runner.dtype).replace("torch.", ""), max_tokens, per_prompt,
-                            ours_text, hf_text)
+    dtype = str(getattr(llm.engine.runner, "runner", llm.engine.runner).dtype).replace("torch.", "")
+    llm.shutdown()
+    return summarize_parity(model, dtype, max_tokens, per_prompt, ours_text, hf_text)
 
 
 def summarize_parity(model: str, dtype: str, max_tokens: int, rows: list[dict], ours: list[str],
