@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
 from tritongen.cli import add_engine_args, engine_kwargs  # noqa: E402
+from tritongen.netutil import free_ports  # noqa: E402
 
 TARGETS = {"openai": "openai", "triton": "triton-grpc", "bls": "triton-bls"}
 WARMUP_OUTPUT_LEN = 16
@@ -162,16 +162,6 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
 
 
 # -- servers ----------------------------------------------------------------------------------------
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def cli_flags(options: dict) -> list[str]:
     """Engine options back to `tritongen serve` flags."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import time
 import httpx
 
 from tritongen import AsyncLLM, SamplingParams
+from tritongen.netutil import free_ports
 
 
 def prompts(n: int) -> list[str]:
@@ -57,18 +57,12 @@ class InProcess:
         self.llm.shutdown()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class OverHttp:
     """`tritongen serve --frontend openai` in a subprocess, driven by httpx on asyncio."""
 
     def __init__(self, args) -> None:
         self.args = args
-        port = free_port()
+        port = free_ports(1)[0]
         cmd = [sys.executable, "-m", "tritongen.cli", "serve", "--frontend", "openai", "--model", args.model,
                "--port", str(port), "--device", "cpu", "--dtype", "float32", "--kv-cache-memory-gb", str(args.kv_gb)]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

@@ -20,18 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from tritongen.netutil import free_ports  # noqa: E402
 OPTS = {"model": "dummy:tiny-llama", "dtype": "float32", "device": "cpu", "num_blocks": 1024, "seed": 0}
-
-
-def free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def params(i, max_tokens):

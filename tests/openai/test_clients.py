@@ -1,6 +1,5 @@
 """clients/: the Python SDK example and the single-file Java client, run against real servers."""
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import urllib.request
 
 from oai_helpers import MODEL, dashboard_metric_names, exported_series
+from tritongen.netutil import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "What is the capital of France?"
@@ -51,12 +51,6 @@ def test_java_openai_chat(server, client, java_client):
     assert bad.returncode == 1 and "404" in bad.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_java_triton_generate_and_stream(java_client, tmp_path):
     try:
         from tritongen.triton.launcher import TritonServer, find_tritonserver
@@ -67,8 +61,9 @@ def test_java_triton_generate_and_stream(java_client, tmp_path):
         pytest.skip(f"no tritonserver to test the Triton half of the Java client: {exc}")
     write_repository(tmp_path / "repo", {"model": MODEL, "device": "cpu", "dtype": "float32",
                                          "kv_cache_memory_gb": 0.05})
-    server = TritonServer(tmp_path / "repo", http_port=_free_port(), grpc_port=_free_port(),
-                          metrics_port=_free_port(), log_file=tmp_path / "triton.log", exit_timeout_s=2)
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(tmp_path / "repo", http_port=http, grpc_port=grpc,
+                          metrics_port=metrics, log_file=tmp_path / "triton.log", exit_timeout_s=2)
     with server:
         url = f"http://{server.http_url}"
         whole = java_client("triton-generate", "--url", url, "--prompt", PROMPT, "--max-tokens", "8")

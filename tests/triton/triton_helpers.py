@@ -12,6 +12,8 @@ from typing import Optional
 
 import numpy as np
 
+from tritongen.netutil import free_ports  # noqa: F401  (the tests import it from here)
+
 # Engine options of the served tiny model; the in-process reference uses the same ones.
 TINY = {"model": "dummy:tiny-llama", "dtype": "float32", "device": "cpu", "num_blocks": 256, "seed": 0,
         "max_num_seqs": 64}
@@ -123,20 +125,6 @@ def stub_pids(repo) -> list[int]:
         if cmd and cmd[0].endswith(b"triton_python_backend_stub") and any(str(repo).encode() in c for c in cmd):
             pids.append(int(entry))
     return pids
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports on 127.0.0.1 that were free a moment ago (all bound at once, so distinct)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def port_is_free(port: int) -> bool:

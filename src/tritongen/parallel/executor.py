@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tritongen.config import EngineConfig
+from tritongen.netutil import free_ports
 from tritongen.parallel.worker import WorkerSpec, step_message, timeout
 from tritongen.types import ModelOutput, SchedulerOutput
 
@@ -65,12 +65,6 @@ def python_executable() -> str:
         if candidate and os.path.basename(candidate).startswith("python") and os.access(candidate, os.X_OK):
             return candidate
     raise RuntimeError("no Python interpreter found for tensor parallel workers (set PATH to include python3)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WorkerLostError(RuntimeError):
@@ -177,7 +171,7 @@ class TensorParallelRunner:
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialized in this process: one "
                                "tensor-parallel engine per process")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_ports(1)[0]}"
         self._workers = _Workers()
         self._finalizer = weakref.finalize(self, _stop, self._workers)
         try:
