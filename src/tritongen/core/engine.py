@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Optional, Protocol, Union
+from typing import Callable, Optional, Protocol, Union
 
 from tritongen.config import SchedulerConfig
 from tritongen.core.block_manager import BlockManager
@@ -26,6 +26,15 @@ class RunnerLike(Protocol):
     block_size: int
 
     def execute(self, sched: SchedulerOutput) -> ModelOutput: ...
+
+
+class AsyncRunnerLike(RunnerLike, Protocol):
+    """A runner whose launch() returns before the device is done (`asynchronous` is True): the
+    returned function waits for the step's output."""
+
+    asynchronous: bool
+
+    def launch(self, sched: SchedulerOutput) -> Callable[[], ModelOutput]: ...
 
 
 class TokenizerLike(Protocol):
@@ -64,6 +73,10 @@ class EngineCore:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._arrivals = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
+        self.pipelined = bool(getattr(runner, "asynchronous", False))
+        """One step in flight between step() calls: the outputs of step N are detokenized and
+        delivered while the device runs step N+1 (runners with an asynchronous launch)."""
+        self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -112,11 +125,13 @@ class EngineCore:
         return out
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending_outputs)
+        return self.scheduler.has_unfinished() or bool(self._pending_outputs) or self._inflight is not None
 
     # -- the loop -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.pipelined:
+            return self._pipelined_step()
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -124,7 +139,28 @@ class EngineCore:
                 self.runner.execute(sched)  # lets the runner drop per-request state
             return outputs
         model_out = self.runner.execute(sched)
-        for seq in self.scheduler.update(sched, model_out):
+        return outputs + self._emit(self.scheduler.update(sched, model_out))
+
+    def _pipelined_step(self) -> list[RequestOutput]:
+        """Wait for the step in flight, apply its tokens, launch the next step, then detokenize and
+        emit while the device runs it. A stop string found here ends a request that the step in
+        flight also computes; its extra token is dropped (the request is gone when it arrives)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        updated: list[Sequence] = []
+        if self._inflight is not None:
+            sched, result = self._inflight
+            self._inflight = None
+            updated = self.scheduler.update(sched, result())
+        sched = self.scheduler.schedule()
+        if not sched.is_empty:
+            self._inflight = (sched, self.runner.launch(sched))
+        elif sched.finished_request_ids:
+            self.runner.execute(sched)  # lets the runner drop per-request state
+        return outputs + self._emit(updated)
+
+    def _emit(self, updated: list[Sequence]) -> list[RequestOutput]:
+        outputs = []
+        for seq in updated:
             try:
                 outputs.append(self._process(seq))
             except Exception as exc:  # one broken request must not take down the batch
@@ -134,6 +170,7 @@ class EngineCore:
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
         """End every request with an error (after a failed step); the engine stays usable."""
+        self._inflight = None
         seqs = list(self.scheduler.requests.values())
         return [self._fail(seq, exc) for seq in seqs]
 

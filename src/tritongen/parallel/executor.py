@@ -10,6 +10,7 @@ from a script, a test or Triton's Python-backend stub.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ import threading
 import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from tritongen.config import EngineConfig
 from tritongen.netutil import free_ports
@@ -190,14 +191,32 @@ class TensorParallelRunner:
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self._workers.procs]
 
+    @property
+    def asynchronous(self) -> bool:
+        return self.runner.asynchronous
+
     def execute(self, sched: SchedulerOutput) -> ModelOutput:
+        return self.launch(sched)()
+
+    def launch(self, sched: SchedulerOutput) -> Callable[[], ModelOutput]:
         self._workers.check()
         if not sched.is_empty:  # an empty step only lets rank 0 drop per-request sampler state
             self._workers.send(step_message(sched))
+        with self._explain_failure():
+            result = self.runner.launch(sched)
+
+        def finish() -> ModelOutput:
+            with self._explain_failure():
+                return result()
+
+        return finish
+
+    @contextlib.contextmanager
+    def _explain_failure(self) -> Iterator[None]:
+        """A dead worker is the better explanation of a failed collective; give it a moment to be reaped."""
         try:
-            return self.runner.execute(sched)
+            yield
         except Exception:
-            # A dead worker is the better explanation of a failed collective; give it a moment to be reaped.
             for proc in self._workers.procs:
                 try:
                     proc.wait(1.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -170,12 +170,22 @@ class ModelRunner:
         return _Batch(self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64),
                       attn, self._to_device(logits_idx, torch.int64))
 
-    @torch.inference_mode()
+    @property
+    def asynchronous(self) -> bool:
+        """Whether launch() returns before the device finishes (CUDA): the engine then prepares the
+        next step while this one runs."""
+        return self.device.type == "cuda"
+
     def execute(self, sched: SchedulerOutput) -> ModelOutput:
+        return self.launch(sched)()
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput) -> Callable[[], ModelOutput]:
+        """Queue the step on the device; the returned function waits for the sampled ids."""
         if self.sampler is not None:
             self.sampler.drop(sched.finished_request_ids)
         if sched.is_empty:
-            return ModelOutput(sampled_token_ids=[])
+            return lambda: ModelOutput(sampled_token_ids=[])
         if self.graphs is not None and self.graphs.can_run(sched.seqs):
             hidden = self.graphs.run(sched.seqs)  # pure decode: every row samples, in order
             return self._sample(self.model.compute_logits(hidden), sched.seqs)
@@ -186,16 +196,26 @@ class ModelRunner:
             prompt_lps = self._prompt_logprobs(hidden, sched)
         sampling = [s for s in sched.seqs if s.do_sample]
         if not sampling:
-            return ModelOutput(sampled_token_ids=[], prompt_logprobs=prompt_lps)
-        out = self._sample(self.model.compute_logits(hidden[batch.logits_indices]), sampling)
-        out.prompt_logprobs = prompt_lps
-        return out
+            return lambda: ModelOutput(sampled_token_ids=[], prompt_logprobs=prompt_lps)
+        result = self._sample(self.model.compute_logits(hidden[batch.logits_indices]), sampling)
 
-    def _sample(self, logits: torch.Tensor, seqs: list) -> ModelOutput:
+        def finish() -> ModelOutput:
+            out = result()
+            out.prompt_logprobs = prompt_lps
+            return out
+
+        return finish
+
+    def _sample(self, logits: torch.Tensor, seqs: list) -> Callable[[], ModelOutput]:
         if self.sampler is None:  # a tensor-parallel worker: the logits were for the all_gather
-            return ModelOutput(sampled_token_ids=[])
-        ids, logprobs = self.sampler.sample(logits, seqs)
-        return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
+            return lambda: ModelOutput(sampled_token_ids=[])
+        sampled = self.sampler.sample_async(logits, seqs)
+
+        def finish() -> ModelOutput:
+            ids, logprobs = sampled()
+            return ModelOutput(sampled_token_ids=ids, logprobs=logprobs)
+
+        return finish
 
     def _prompt_logprobs(self, hidden: torch.Tensor, sched: SchedulerOutput) -> dict[str, list[TokenLogprob]]:
         """Logprobs of the next prompt token at every scheduled prompt position of the requests

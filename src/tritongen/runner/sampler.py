@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Optional
 
 import torch
 
 from tritongen.types import SamplingParams, ScheduledSeq, TokenLogprob
+
+SampleResult = tuple[list[int], list[Optional[TokenLogprob]]]
 
 
 def _uses_penalties(p: SamplingParams) -> bool:
@@ -47,9 +49,14 @@ class Sampler:
         self, logits: torch.Tensor, seqs: list[ScheduledSeq]
     ) -> tuple[list[int], list[Optional[TokenLogprob]]]:
         """logits: [N, V] float32, one row per seq (only seqs with do_sample=True are passed, in order)."""
+        return self.sample_async(logits, seqs)()
+
+    def sample_async(self, logits: torch.Tensor, seqs: list[ScheduledSeq]) -> Callable[[], SampleResult]:
+        """Queue the sampling on the logits' device and start copying the result to the host; the
+        returned function waits for that copy (the step's only synchronisation) and unpacks it."""
         n = len(seqs)
         if n == 0:
-            return [], []
+            return lambda: ([], [])
         assert logits.dim() == 2 and logits.shape[0] == n, (tuple(logits.shape), n)
         # Columns past vocab_size (an embedding padded for alignment) are never valid tokens.
         logits = logits[:, : self.vocab_size].float()
@@ -77,7 +84,8 @@ class Sampler:
                 token_ids.index_copy_(0, idx, sampled)
 
         if not lp_rows:
-            return token_ids.tolist(), [None] * n
+            ready = _to_host(token_ids)
+            return lambda: (ready().tolist(), [None] * n)
         return self._to_host_with_logprobs(raw, token_ids, params, lp_rows)
 
     # ---------------------------------------------------------------- logits processing
@@ -192,7 +200,7 @@ class Sampler:
     @staticmethod
     def _to_host_with_logprobs(
         raw: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams], lp_rows: list[int]
-    ) -> tuple[list[int], list[Optional[TokenLogprob]]]:
+    ) -> Callable[[], SampleResult]:
         """Ids, chosen logprobs and top lists packed into one float64 tensor: one transfer."""
         n, vocab = raw.shape
         idx = torch.tensor(lp_rows, device=raw.device) if len(lp_rows) < n else None
@@ -205,16 +213,37 @@ class Sampler:
             top_lp, top_ids = logprobs.topk(k, dim=-1)  # sorted, best first
             parts += [top_lp.double(), top_ids.double()]  # ids < 2**53 are exact in float64
         block = torch.cat(parts, dim=1)
-        flat = torch.cat([token_ids.double(), block.flatten()]).tolist()
-        ids = [int(t) for t in flat[:n]]
-        out: list[Optional[TokenLogprob]] = [None] * n
-        width = 1 + 2 * k if k > 0 else 1
-        for j, i in enumerate(lp_rows):
-            row = flat[n + j * width : n + (j + 1) * width]
-            num_top = min(params[i].logprobs, k)
-            top = [(int(row[1 + k + t]), row[1 + t]) for t in range(num_top)]
-            out[i] = TokenLogprob(token_id=ids[i], logprob=row[0], top=top)
-        return ids, out
+        ready = _to_host(torch.cat([token_ids.double(), block.flatten()]))
+        return lambda: _unpack_logprobs(ready().tolist(), n, k, params, lp_rows)
+
+
+def _to_host(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Start a non-blocking device-to-host copy into pinned memory; the function waits for it."""
+    if t.device.type != "cuda":
+        return lambda: t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> torch.Tensor:
+        done.synchronize()
+        return host
+
+    return wait
+
+
+def _unpack_logprobs(flat: list[float], n: int, k: int, params: list[SamplingParams],
+                     lp_rows: list[int]) -> SampleResult:
+    ids = [int(t) for t in flat[:n]]
+    out: list[Optional[TokenLogprob]] = [None] * n
+    width = 1 + 2 * k if k > 0 else 1
+    for j, i in enumerate(lp_rows):
+        row = flat[n + j * width : n + (j + 1) * width]
+        num_top = min(params[i].logprobs, k)
+        top = [(int(row[1 + k + t]), row[1 + t]) for t in range(num_top)]
+        out[i] = TokenLogprob(token_id=ids[i], logprob=row[0], top=top)
+    return ids, out
 
 
 def _top_k_top_p(

@@ -1,0 +1,125 @@
+"""The pipelined engine loop (one step in flight, outputs emitted while the device runs the next
+step) against the sequential loop: same outputs, same freed blocks, and the order of events."""
+from __future__ import annotations
+
+import pytest
+
+from fakes import EOS, CharTokenizer, FakeRunner
+from tritongen.config import SchedulerConfig
+from tritongen.core.engine import EngineCore, EngineLimits
+from tritongen.types import ModelOutput, SamplingParams, SchedulerOutput
+
+
+class AsyncFakeRunner(FakeRunner):
+    """launch() 'queues' the step (computed at once, as a device would) and the returned function
+    is the wait; both are logged."""
+
+    asynchronous = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[str, int]] = []
+
+    def launch(self, sched: SchedulerOutput):
+        k = len(self.steps)
+        out = self.execute(sched)
+        self.events.append(("launch", k))
+
+        def wait() -> ModelOutput:
+            self.events.append(("wait", k))
+            return out
+
+        return wait
+
+
+def make(runner_cls, num_blocks=24, **kw):
+    runner = runner_cls(num_blocks, 4, **kw)
+    limits = EngineLimits(max_model_len=256, vocab_size=1000, eos_token_ids=(EOS,))
+    return EngineCore(runner, CharTokenizer(), limits, SchedulerConfig(6, 32), True), runner
+
+
+def requests():
+    """Prompts and params covering greedy, stop strings, EOS, min_tokens and logprobs."""
+    reqs = []
+    for i in range(14):
+        prompt = [(i * 37 + j * 11) % 900 for j in range(5 + 3 * i)]
+        params = SamplingParams(max_tokens=10 + i % 5, temperature=0, logprobs=0 if i % 3 == 0 else None)
+        reqs.append((f"r{i}", prompt, params))
+    return reqs
+
+
+def run(eng, reqs, stop_text=None):
+    for rid, prompt, params in reqs:
+        if stop_text is not None and rid in ("r2", "r7"):
+            params = SamplingParams(max_tokens=params.max_tokens, temperature=0, stop=[stop_text])
+        eng.add_request(rid, prompt, params)
+    final, steps = {}, 0
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                final[out.request_id] = out
+        steps += 1
+        assert steps < 5000
+    return final
+
+
+@pytest.mark.parametrize("num_blocks", [24, 64])  # 24: preemption by recompute happens
+def test_pipelined_outputs_equal_sequential(num_blocks: int) -> None:
+    reqs = requests()
+    seq_eng, _ = make(FakeRunner, num_blocks, eos_after={"r4": 3})
+    pipe_eng, runner = make(AsyncFakeRunner, num_blocks, eos_after={"r4": 3})
+    assert not seq_eng.pipelined and pipe_eng.pipelined
+    expected = run(seq_eng, reqs)
+    got = run(pipe_eng, reqs)
+    assert got.keys() == expected.keys()
+    for rid, out in expected.items():
+        g = got[rid]
+        assert (g.token_ids, g.text, g.finish_reason) == (out.token_ids, out.text, out.finish_reason), rid
+        assert (g.logprobs is None) == (out.logprobs is None)
+    assert got["r4"].finish_reason == "stop" and len(got["r4"].token_ids) == 4
+    bm = pipe_eng.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and not pipe_eng.detokenizers
+    if num_blocks == 24:
+        assert pipe_eng.scheduler.num_preemptions > 0
+
+
+def test_a_stop_string_found_one_step_late_gives_the_same_text() -> None:
+    reqs = requests()
+    seq_eng, seq_runner = make(FakeRunner, 64)
+    pipe_eng, pipe_runner = make(AsyncFakeRunner, 64)
+    # A character the greedy fake emits early for r2 and r7: take it from a plain run.
+    probe, _ = make(FakeRunner, 64)
+    text = run(probe, reqs)["r2"].text
+    stop = text[3]
+    expected = run(seq_eng, reqs, stop)
+    got = run(pipe_eng, reqs, stop)
+    for rid in ("r2", "r7"):
+        assert (got[rid].text, got[rid].token_ids, got[rid].finish_reason) == \
+            (expected[rid].text, expected[rid].token_ids, expected[rid].finish_reason)
+    assert expected["r2"].finish_reason == "stop" and stop not in expected["r2"].text
+    # The request ran one more step on the device than the sequential loop needed, and only one.
+    count = lambda runner, rid: sum(any(s.request_id == rid for s in st.seqs) for st in runner.steps)  # noqa: E731
+    assert count(pipe_runner, "r2") == count(seq_runner, "r2") + 1
+    assert pipe_eng.block_manager.num_free_blocks == pipe_eng.block_manager.num_blocks
+
+
+def test_outputs_of_a_step_are_emitted_after_the_next_step_is_launched() -> None:
+    eng, runner = make(AsyncFakeRunner, 64)
+    eng.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+    assert eng.step() == []  # step 0 launched, nothing to emit yet
+    assert runner.events == [("launch", 0)]
+    outs = eng.step()
+    assert [len(o.token_ids) for o in outs] == [1]
+    assert runner.events[-2:] == [("wait", 0), ("launch", 1)]  # emitted while step 1 is in flight
+    while eng.has_unfinished():
+        outs = eng.step()
+    assert outs[-1].finished and len(outs[-1].token_ids) == 3
+
+
+def test_fail_all_drops_the_step_in_flight() -> None:
+    eng, runner = make(AsyncFakeRunner, 64)
+    eng.add_request("a", [1, 2, 3], SamplingParams(max_tokens=5, temperature=0))
+    eng.step()
+    outs = eng.fail_all(RuntimeError("device lost"))
+    assert [o.error for o in outs] == ["RuntimeError: device lost"]
+    assert not eng.has_unfinished()
