@@ -93,8 +93,10 @@ class ModelRunner:
         self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
                                          self.attention_backend, scheduler_config.max_num_seqs, max_len,
                                          self.block_size)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens) on %s, %s",
-                    self.num_blocks, self.block_size, self.num_blocks * self.block_size, self.device, self.dtype)
+        tokens = self.num_blocks * self.block_size
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
+                    "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
+                    self.num_blocks * self.bytes_per_block / 2**30, self.device, self.dtype, tokens / max_len, max_len)
 
     @property
     def bytes_per_block(self) -> int:
