@@ -7,7 +7,7 @@ ignore_eos, greedy), so lengths do not depend on what the model writes.
   openai       POST /v1/completions, SSE stream (stream_options.include_usage for the token count)
   triton-http  POST /v2/models/<model>/generate_stream, SSE stream
   triton-bls   POST /v2/models/<model>/generate (non-streaming front, default model llm_bls)
-  triton-grpc  gRPC stream (tritonclient), see triton_grpc.py
+  triton-grpc  a pool of gRPC streams (grpc.aio, Triton protobufs), see triton_grpc.py
 """
 from __future__ import annotations
 
@@ -66,12 +66,64 @@ def sampling_fields(req: BenchRequest) -> dict:
     return {"max_tokens": req.output_len, "min_tokens": req.output_len, "ignore_eos": True, "temperature": 0.0}
 
 
+class SSEParser:
+    """Server-sent events from network chunks: feed() bytes as they arrive, get whole events' data.
+
+    Lines end only at CR, LF or CRLF (the SSE grammar). httpx's aiter_lines also splits at U+2028,
+    U+2029 and U+0085 (str.splitlines), which JSON may carry unescaped inside a string (pydantic
+    does): the 7B run lost 2 of 1000 requests to "Unterminated string" that way. Splitting bytes
+    keeps a line whole however the network cuts it (CR and LF never occur inside a multi-byte
+    UTF-8 character), and only whole lines are decoded.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[str] = []  # the `data:` lines of the event being read
+        self._after_cr = False  # the last chunk ended in CR: an LF opening the next one belongs to it
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The data of every event completed by this chunk (its `data:` lines joined by LF)."""
+        if not chunk:
+            return []
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
+        lines = (self._buffer + chunk).replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        self._buffer = lines.pop()
+        events = []
+        for line in lines:
+            event = self._line(line.decode("utf-8", errors="replace"))
+            if event is not None:
+                events.append(event)
+        return events
+
+    def close(self) -> list[str]:
+        """At the end of the body: an event left without its blank line still counts."""
+        return self.feed(b"\n\n") if self._buffer or self._data else []
+
+    def _line(self, line: str) -> Optional[str]:
+        if not line:  # a blank line dispatches the event
+            data, self._data = self._data, []
+            return "\n".join(data) if data else None
+        field, _, value = line.partition(":")
+        if field == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None
+
+
+async def _sse_data(response) -> AsyncIterator[str]:
+    parser = SSEParser()
+    async for chunk in response.aiter_bytes():  # decompressed, not decoded
+        for data in parser.feed(chunk):
+            yield data
+    for data in parser.close():
+        yield data
+
+
 async def _sse_events(response) -> AsyncIterator[dict]:
-    """JSON payloads of an SSE response's `data:` lines, until [DONE] or the end."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
+    """JSON payloads of an SSE response's events, until [DONE] or the end."""
+    async for data in _sse_data(response):
+        data = data.strip()
         if data == "[DONE]":
             return
         if data:
@@ -205,5 +257,5 @@ def make_target(kind: str, url: Optional[str], model: Optional[str], tokenizer, 
     if kind == "triton-grpc":
         from tritongen.bench.triton_grpc import TritonGrpcTarget
 
-        return TritonGrpcTarget(url, model, tokenizer, timeout)
+        return TritonGrpcTarget(url, model, tokenizer, timeout, concurrency=concurrency)
     raise ValueError(f"unknown target {kind!r}; choose from {', '.join(TARGETS)}")
