@@ -20,6 +20,7 @@ from statistics import NormalDist
 from typing import Optional, Union
 
 from tritongen.bench.corpus import CorpusTokens
+from tritongen.jsonl import read_lines
 
 # Targets and bounds of the ShareGPT sample that vLLM's benchmark draws.
 SHAREGPT_PROMPT_MEAN = 244.0
@@ -152,7 +153,7 @@ def random_tokens(num_prompts: int, input_len: int, output_len: int, seed: int, 
 def from_jsonl(path: str, num_prompts: Optional[int], tokenizer) -> list[BenchRequest]:
     """{"prompt": str | [ids], "output_len": int} per line ("max_tokens" is accepted too)."""
     out = []
-    for lineno, line in enumerate(Path(path).expanduser().read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
         d = json.loads(line)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from tritongen.jsonl import read_lines
+
 BUILTIN_PROMPTS = [
     "What is the capital of France?",
     "Write a short poem about autumn leaves.",
@@ -29,7 +31,7 @@ def load_prompts(spec: str) -> list[str]:
     if spec == "builtin":
         return list(BUILTIN_PROMPTS)
     path = Path(spec).expanduser()
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in read_lines(path) if line.strip()]
     if path.suffix == ".jsonl":
         import json
 
@@ -38,7 +40,6 @@ def load_prompts(spec: str) -> list[str]:
 
 
 def _hf_model(llm, model: str):
-    import torch
     import transformers
 
     from tritongen.models.hf_twin import hf_twin

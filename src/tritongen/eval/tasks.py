@@ -19,8 +19,9 @@ import random
 import re
 import string
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Union
+
+from tritongen.jsonl import read_lines
 
 BUILTIN_TASKS = ("lastword", "lastword-mc")
 
@@ -79,7 +80,7 @@ def parse_item(d: dict, where: str) -> Item:
 
 def load_jsonl(path: str) -> list[Item]:
     items = []
-    for lineno, line in enumerate(Path(path).expanduser().read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_lines(path), 1):
         if line.strip():
             items.append(parse_item(json.loads(line), f"{path}:{lineno}"))
     if not items:
