@@ -12,11 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+
+from proc_helpers import pid_alive, wait_until
 
 from tritongen.entrypoints.async_engine import AsyncLLM, EngineDeadError
 from tritongen.entrypoints.llm import LLM
@@ -31,19 +32,9 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, logprobs=2)
 ENGINE = dict(num_blocks=24, block_size=4, max_num_batched_tokens=32, max_num_seqs=4)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout)
+    return [p for p in pids if pid_alive(p)]
 
 
 def _run(model: str, tp: int, **kw) -> list:
@@ -84,7 +75,7 @@ def test_tp2_loads_each_rank_slice_from_a_checkpoint(tmp_path: Path) -> None:
 def test_workers_exit_when_the_engine_stops() -> None:
     llm = LLM("dummy:tiny-llama", tensor_parallel_size=2, **ENGINE)
     pids = llm.engine.runner.worker_pids
-    assert len(pids) == 1 and _alive(pids[0])
+    assert len(pids) == 1 and pid_alive(pids[0])
     llm.shutdown()
     assert _wait_gone(pids) == []
     llm.shutdown()  # idempotent
@@ -124,7 +115,7 @@ def test_workers_exit_when_rank0_is_killed(tmp_path: Path) -> None:
     rank0 = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pids = [int(p) for p in rank0.stdout.readline().split()]
-        assert pids and all(_alive(p) for p in pids)
+        assert pids and all(pid_alive(p) for p in pids)
     finally:
         rank0.kill()
         rank0.wait()

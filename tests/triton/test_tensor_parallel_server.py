@@ -4,10 +4,10 @@ worker goes away on unload and on server exit (no orphans)."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
+from proc_helpers import pid_alive, wait_until
 from triton_helpers import TINY, free_ports, generate, http_post, stub_pids
 
 
@@ -31,23 +31,6 @@ def _children(pid: int) -> list[int]:
 
 def _workers(repo) -> list[int]:
     return [w for stub in stub_pids(repo) for w in _children(stub)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) -> None:
@@ -78,7 +61,7 @@ def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) ->
 
         status, raw = http_post(server.http_url, "/v2/repository/models/llm/unload", {})
         assert status == 200, raw
-        assert _wait(lambda: not any(_alive(w) for w in workers)), "worker outlived the unloaded model"
+        assert wait_until(lambda: not any(pid_alive(w) for w in workers), 60), "worker outlived the unloaded model"
 
         status, raw = http_post(server.http_url, "/v2/repository/models/llm/load", {})
         assert status == 200, raw
@@ -89,4 +72,4 @@ def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) ->
     finally:
         server.stop()
     assert server.process.poll() is not None
-    assert _wait(lambda: not any(_alive(w) for w in seen), timeout=30), "worker outlived tritonserver"
+    assert wait_until(lambda: not any(pid_alive(w) for w in seen), 30), "worker outlived tritonserver"

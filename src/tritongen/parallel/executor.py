@@ -11,6 +11,7 @@ from a script, a test or Triton's Python-backend stub.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -234,8 +235,6 @@ class TensorParallelRunner:
             import torch
 
             runner.graphs = None
-            import gc
-
             gc.collect()
             torch.cuda.synchronize(runner.device)
         self._finalizer()
