@@ -185,6 +185,9 @@ class SchedulerOutput:
     finished_request_ids: list[str] = field(default_factory=list)
     """Requests that ended since the last step: the runner drops their per-request state."""
     preempted_request_ids: list[str] = field(default_factory=list)
+    input_from_previous: bool = False
+    """Every seq decodes one token sampled by the step before, still on the device: the runner
+    feeds that step's sampled ids in order (token_ids hold a placeholder). Asynchronous scheduling."""
 
     @property
     def num_batched_tokens(self) -> int:

@@ -1,5 +1,8 @@
-"""The pipelined engine loop (the default on CUDA) with the real runner and tiny model on CPU,
-forced on: the same outputs as the sequential loop, also with stop strings, seeds and logprobs."""
+"""The pipelined engine loop (the default on CUDA), with and without asynchronous scheduling, with
+the real runner and tiny model on CPU, forced on: the same outputs as the sequential loop, also
+with stop strings, seeds and logprobs."""
+import pytest
+
 from tritongen import LLM, SamplingParams
 
 PROMPTS = ["Hello there", [5, 6, 7, 8, 9] * 7, "The quick brown fox jumps", [300] * 3]
@@ -12,17 +15,22 @@ def _params() -> list[SamplingParams]:
             SamplingParams(max_tokens=6, temperature=1.0, top_k=20, seed=3)]
 
 
-def test_pipelined_llm_equals_sequential() -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_pipelined_llm_equals_sequential(async_scheduling: bool) -> None:
     llm = LLM("dummy:tiny-llama", num_blocks=20, block_size=4, max_num_batched_tokens=16, max_num_seqs=3,
               enable_prefix_caching=False)  # cache hits would change the arithmetic between runs
     assert not llm.engine.pipelined  # CPU launches are synchronous: the sequential loop by default
     expected = llm.generate(PROMPTS, _params())
     # A stop string the greedy run reaches mid-way: found one step late by the pipelined loop.
     stop = expected[0].text[len(expected[0].text) // 2:][:2]
-    llm.engine.pipelined = True
+    llm.engine.pipelined, llm.engine.async_scheduling = True, async_scheduling
+    launched = []
+    launch = llm.engine.runner.launch
+    llm.engine.runner.launch = lambda sched: launched.append(sched.input_from_previous) or launch(sched)
     got = llm.generate(PROMPTS, _params())
     stopped_seq = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0, stop=[stop]))[0]
-    llm.engine.pipelined = False
+    llm.engine.pipelined = llm.engine.async_scheduling = False
+    assert any(launched) == async_scheduling  # steps fed on the device really ran
     stopped_ref = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0, stop=[stop]))[0]
     for e, g in zip(expected, got):
         assert (g.token_ids, g.text, g.finish_reason) == (e.token_ids, e.text, e.finish_reason)

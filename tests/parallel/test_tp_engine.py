@@ -56,6 +56,21 @@ def test_tp2_greedy_equals_tp1(preset: str) -> None:
     _assert_same(_run(f"dummy:{preset}", 1), _run(f"dummy:{preset}", 2))
 
 
+def test_tp2_with_asynchronous_scheduling_equals_tp1() -> None:
+    """The pipelined loop with steps fed on the device, forced on over gloo: rank 0 broadcasts the
+    ids it sampled to the worker, which decodes the same tokens."""
+    single = _run("dummy:tiny-llama", 1)
+    with LLM("dummy:tiny-llama", tensor_parallel_size=2, **ENGINE) as llm:
+        assert llm.engine.runner.supports_input_from_previous
+        llm.engine.pipelined = llm.engine.async_scheduling = True
+        launched = []
+        launch = llm.engine.runner.launch
+        llm.engine.runner.launch = lambda sched: launched.append(sched.input_from_previous) or launch(sched)
+        split = llm.generate(PROMPTS, GREEDY)
+    assert any(launched)
+    _assert_same(single, split)
+
+
 def test_tp2_loads_each_rank_slice_from_a_checkpoint(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 

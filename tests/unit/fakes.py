@@ -23,23 +23,29 @@ class FakeRunner:
         self.steps: list[SchedulerOutput] = []
         self.eos_after = eos_after or {}  # request_id -> emit EOS once this many tokens were generated
         self.dropped: list[str] = []
+        self.last_ids: list[int] = []
 
     def execute(self, sched: SchedulerOutput) -> ModelOutput:
         self.steps.append(sched)
         self.dropped.extend(sched.finished_request_ids)
         bs = self.block_size
         ids, lps = [], []
-        for s in sched.seqs:
-            for i, tok in enumerate(s.token_ids):
+        # An asynchronous step decodes the ids sampled last step (a device would read them there);
+        # its seqs' output lists do not hold that token yet.
+        previous = self.last_ids if sched.input_from_previous else None
+        assert previous is None or len(previous) == len(sched.seqs)
+        for row, s in enumerate(sched.seqs):
+            for i, tok in enumerate(s.token_ids if previous is None else [previous[row]]):
                 p = s.start_pos + i
                 self.slots[s.block_table[p // bs] * bs + p % bs] = tok
             if not s.do_sample:
                 continue
             ctx = tuple(self.slots[s.block_table[p // bs] * bs + p % bs] for p in range(s.seq_len))
-            n_out = len(s.output_token_ids)
+            n_out = len(s.output_token_ids) + (previous is not None)
             tok = EOS if self.eos_after.get(s.request_id) == n_out else next_token(ctx)
             ids.append(tok)
             lps.append(TokenLogprob(tok, -0.5) if s.params.logprobs is not None else None)
+        self.last_ids = ids
         return ModelOutput(ids, lps)
 
 

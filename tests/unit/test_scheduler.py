@@ -200,3 +200,55 @@ def test_max_num_seqs_limits_running():
         eng.add_request(f"r{i}", [i + 1], SamplingParams(max_tokens=3))
     run_all(eng)
     assert max(len(s.seqs) for s in runner.steps) == 3
+
+
+def _decode_step(eng, params_list, prompt_len=6):
+    """Requests admitted and prefilled in one step; returns that step (still 'in flight')."""
+    for i, params in enumerate(params_list):
+        eng.add_request(f"r{i}", list(range(10 + i, 10 + i + prompt_len)), params)
+    return eng.scheduler.schedule()
+
+
+def test_schedule_ahead_decodes_the_token_in_flight_at_the_next_position():
+    eng, _ = make_engine(block_size=4)
+    prev = _decode_step(eng, [SamplingParams(max_tokens=5, temperature=0)] * 2, prompt_len=7)
+    ahead = eng.scheduler.schedule_ahead(prev)
+    assert ahead is not None and ahead.input_from_previous
+    for s, p in zip(ahead.seqs, prev.seqs):
+        assert (s.request_id, s.start_pos, s.num_new_tokens, s.do_sample) == (p.request_id, 7, 1, True)
+        assert len(s.block_table) == 2  # position 7 fits the 2nd block; position 8 (after it) is not booked
+    eng2, _ = make_engine(block_size=4)
+    prev = _decode_step(eng2, [SamplingParams(max_tokens=5, temperature=0)], prompt_len=8)
+    assert len(eng2.scheduler.schedule_ahead(prev).seqs[0].block_table) == 3  # position 8 opens block 3
+
+
+@pytest.mark.parametrize("params, why", [
+    (SamplingParams(max_tokens=1, temperature=0), "the step in flight ends it by length"),
+    (SamplingParams(max_tokens=9, temperature=0, repetition_penalty=1.2), "penalties read the tokens"),
+    (SamplingParams(max_tokens=9, temperature=0, presence_penalty=0.5), "penalties read the tokens"),
+    (SamplingParams(max_tokens=9, temperature=0, min_tokens=3), "min_tokens counts the tokens"),
+])
+def test_schedule_ahead_refuses_what_needs_the_tokens_in_flight(params, why):
+    eng, _ = make_engine()
+    prev = _decode_step(eng, [params])
+    assert eng.scheduler.schedule_ahead(prev) is None, why
+
+
+def test_schedule_ahead_leaves_admission_and_prefill_chunks_to_schedule():
+    eng, _ = make_engine(budget=4)  # a 6-token prompt needs two chunks
+    prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
+    assert not prev.seqs[0].do_sample and eng.scheduler.schedule_ahead(prev) is None
+    eng, _ = make_engine(max_seqs=4)
+    prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
+    eng.add_request("late", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+    assert eng.scheduler.schedule_ahead(prev) is None  # "late" can be admitted: schedule() does it
+    eng, _ = make_engine(max_seqs=1)
+    prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
+    eng.add_request("late", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
+    assert eng.scheduler.schedule_ahead(prev) is not None  # no room for "late" anyway
+
+
+def test_schedule_ahead_without_a_free_block_waits_for_schedule():
+    eng, _ = make_engine(num_blocks=4, block_size=4)
+    prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)] * 2, prompt_len=8)
+    assert eng.scheduler.schedule_ahead(prev) is None  # position 8 needs a 3rd block each

@@ -77,6 +77,10 @@ class EngineCore:
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
         self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
+        self.async_scheduling = self.pipelined and bool(getattr(runner, "supports_input_from_previous", False))
+        """Pipelined, and the next decode step is launched before the one in flight is done, fed
+        with its sampled ids on the device (Scheduler.schedule_ahead), so the device never waits
+        for the host between steady decode steps."""
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -150,7 +154,12 @@ class EngineCore:
         if self._inflight is not None:
             sched, result = self._inflight
             self._inflight = None
+            ahead = self.scheduler.schedule_ahead(sched) if self.async_scheduling else None
+            if ahead is not None:
+                self._inflight = (ahead, self.runner.launch(ahead))
             updated = self.scheduler.update(sched, result())
+            if ahead is not None:
+                return outputs + self._emit(updated)
         sched = self.scheduler.schedule()
         if not sched.is_empty:
             self._inflight = (sched, self.runner.launch(sched))

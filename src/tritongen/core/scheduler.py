@@ -78,6 +78,35 @@ class Scheduler:
         self._finished_ids = []
         return out
 
+    def schedule_ahead(self, prev: SchedulerOutput) -> Optional[SchedulerOutput]:
+        """The next step while `prev` still runs on the device (asynchronous scheduling): every
+        request of `prev` decodes the token that `prev` is sampling, which the runner takes from
+        the device (`input_from_previous`; the host only knows its position). None when the next
+        step cannot be known yet: requests to admit, a request that `prev` may finish by length,
+        penalties or min_tokens that read the output tokens, a prefill chunk, no free block.
+        A request that `prev` ends with a stop token computes one token that update() drops."""
+        if self.waiting and len(self.running) < self.config.max_num_seqs:
+            return None
+        if (len(prev.seqs) != len(self.running) or len(prev.seqs) > self.config.max_num_batched_tokens
+                or self._finished_ids):
+            return None
+        for s, seq in zip(prev.seqs, self.running):
+            p = seq.params
+            after = seq.num_output_tokens + 1  # output tokens once prev's token is appended
+            if (s.request_id != seq.request_id or not s.do_sample or after >= p.max_tokens
+                    or s.seq_len + 1 >= self.max_model_len or seq.num_output_tokens < p.min_tokens
+                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+                return None
+        for s, seq in zip(prev.seqs, self.running):
+            if not self.block_manager.allocate_slots(seq, s.num_new_tokens + 1):
+                return None  # blocks taken so far serve the next step all the same
+        seqs = [ScheduledSeq(request_id=s.request_id, token_ids=[0], start_pos=s.seq_len,
+                             block_table=list(seq.block_table), do_sample=True, params=seq.params,
+                             prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+                             eos_token_ids=seq.eos_token_ids)
+                for s, seq in zip(prev.seqs, self.running)]
+        return SchedulerOutput(seqs=seqs, input_from_previous=True)
+
     def _schedule_running(self, budget: int, scheduled: list, preempted: list) -> int:
         i = 0
         while i < len(self.running) and budget > 0:

@@ -196,6 +196,10 @@ class TensorParallelRunner:
     def asynchronous(self) -> bool:
         return self.runner.asynchronous
 
+    @property
+    def supports_input_from_previous(self) -> bool:
+        return self.runner.supports_input_from_previous  # rank 0 broadcasts the ids it sampled
+
     def execute(self, sched: SchedulerOutput) -> ModelOutput:
         return self.launch(sched)()
 

@@ -67,8 +67,9 @@ class DecodeGraphs:
         return (0 < len(seqs) <= self.max_batch
                 and all(s.num_new_tokens == 1 and s.do_sample and len(s.block_table) <= self.width for s in seqs))
 
-    def run(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """Hidden states [len(seqs), hidden] of one decode step."""
+    def run(self, seqs: list[ScheduledSeq], input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Hidden states [len(seqs), hidden] of one decode step; `input_ids` (on the device)
+        replace the seqs' tokens (an asynchronous step)."""
         b = len(seqs)
         g = next(s for s in self.sizes if s >= b)
         bs = self.block_size
@@ -91,6 +92,8 @@ class DecodeGraphs:
         # Columns past `width` and padding rows keep stale block ids: the kernel only reads pages
         # below each row's seq_len, and padding rows (seq_len 1) read a harmless valid block.
         self.block_tables[:b, :width].copy_(torch.tensor(rows, dtype=torch.int32).pin_memory(), non_blocking=True)
+        if input_ids is not None:
+            self.input_ids[:b].copy_(input_ids)
         self.graphs[g].replay()
         return self.outputs[g][:b]
 

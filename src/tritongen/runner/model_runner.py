@@ -188,10 +188,13 @@ class ModelRunner:
             self.sampler.drop(sched.finished_request_ids)
         if sched.is_empty:
             return lambda: ModelOutput(sampled_token_ids=[])
+        previous = self._previous_ids(sched)
         if self.graphs is not None and self.graphs.can_run(sched.seqs):
-            hidden = self.graphs.run(sched.seqs)  # pure decode: every row samples, in order
+            hidden = self.graphs.run(sched.seqs, previous)  # pure decode: every row samples, in order
             return self._sample(self.model.compute_logits(hidden), sched.seqs)
         batch = self._prepare(sched)
+        if previous is not None:
+            batch.input_ids.copy_(previous)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         prompt_lps = None
         if any(s.params.prompt_logprobs is not None for s in sched.seqs):
@@ -207,6 +210,27 @@ class ModelRunner:
             return out
 
         return finish
+
+    def _previous_ids(self, sched: SchedulerOutput) -> Optional[torch.Tensor]:
+        """The device ids an asynchronous step decodes: those the previous step sampled, in order.
+        Only rank 0 samples; under tensor parallelism it broadcasts them to the other ranks."""
+        if not sched.input_from_previous:
+            return None
+        n = len(sched.seqs)
+        if self.sampler is None:
+            ids = torch.empty(n, dtype=torch.int64, device=self.device)
+        else:
+            ids = self.sampler.last_token_ids
+            if ids is None or ids.shape[0] != n:
+                raise RuntimeError(f"asynchronous step of {n} sequences without their previous "
+                                   f"sampled ids ({None if ids is None else ids.shape[0]})")
+            ids = ids.to(torch.int64)
+        if self.shard is not None and self.shard.world_size > 1:
+            torch.distributed.broadcast(ids, src=0, group=self.shard.group)
+        return ids
+
+    supports_input_from_previous = True
+    """Launches asynchronous steps (SchedulerOutput.input_from_previous)."""
 
     def _sample(self, logits: torch.Tensor, seqs: list) -> Callable[[], ModelOutput]:
         if self.sampler is None:  # a tensor-parallel worker: the logits were for the all_gather

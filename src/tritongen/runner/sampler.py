@@ -39,6 +39,8 @@ class Sampler:
         self._generator.manual_seed(seed)
         # request_id -> generator of a request with SamplingParams.seed; lives until drop().
         self._seeded_generators: dict[str, torch.Generator] = {}
+        self.last_token_ids: Optional[torch.Tensor] = None
+        """The ids of the latest sample_async, on the device (what an asynchronous step feeds)."""
 
     def drop(self, request_ids: Iterable[str]) -> None:
         """Forget per-request state (seeded generators) of finished requests."""
@@ -83,6 +85,7 @@ class Sampler:
                 sampled = self._sample_rows(logits[idx], [seqs[i] for i in sample_rows])
                 token_ids.index_copy_(0, idx, sampled)
 
+        self.last_token_ids = token_ids
         if not lp_rows:
             ready = _to_host(token_ids)
             return lambda: (ready().tolist(), [None] * n)

@@ -1,0 +1,106 @@
+"""Latency of the all-reduce that tensor parallelism issues twice per layer: NCCL against
+PyTorch's symmetric-memory one-shot / two-shot all-reduce (NVLink P2P loads, no multicast), each
+captured in a CUDA graph of `--reps` back-to-back calls, as the decode graphs run them.
+
+    python3 benchmarks/allreduce_probe.py --hidden 5120 --rows 1,8,32,128,512
+
+Prints microseconds per all-reduce and whether each method gave the right sum.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def _time_graph(fn, reps: int, iters: int = 20) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (iters * reps)
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group_name = dist.group.WORLD.group_name
+    max_rows = max(args.rows)
+    buf = symm_mem.empty((max_rows, args.hidden), dtype=torch.bfloat16, device=f"cuda:{rank}")
+    symm_mem.rendezvous(buf, group_name)
+    rows_out = []
+    for rows in args.rows:
+        x = torch.randn(rows, args.hidden, dtype=torch.bfloat16, device="cuda") * (rank + 1)
+        want = x.float() * sum(range(1, world + 1)) / (rank + 1)
+        out = torch.empty_like(x)
+        y = x.clone()
+        result = {}
+
+        def nccl() -> None:
+            y.copy_(x)
+            dist.all_reduce(y)
+
+        def one_shot() -> None:
+            torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf[:rows], x, "sum", group_name, out) \
+                if hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out") else \
+                out.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:rows], x, "sum", group_name))
+
+        def two_shot() -> None:
+            buf[:rows].copy_(x)
+            torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
+
+        for name, fn, res in (("nccl", nccl, lambda: y), ("one_shot", one_shot, lambda: out),
+                              ("two_shot", two_shot, lambda: buf[:rows])):
+            try:
+                fn()
+                torch.cuda.synchronize()
+                err = (res().float() - want).abs().max().item()
+                us = _time_graph(fn, args.reps)
+                result[name] = f"{us:7.1f} us{'' if err < 0.1 * world else f' WRONG {err:.3g}'}"
+            except Exception as exc:  # noqa: BLE001 - a probe: report and go on
+                result[name] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+        rows_out.append((rows, result))
+    if rank == 0:
+        print(f"all-reduce of [rows, {args.hidden}] bf16 over {world} GPUs, {args.reps} per CUDA graph")
+        for rows, result in rows_out:
+            print(f"rows {rows:4d}: " + " | ".join(f"{k} {v}" for k, v in result.items()), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--rows", default="1,8,32,128,512")
+    ap.add_argument("--reps", type=int, default=80)
+    ap.add_argument("--world", type=int, default=2)
+    args = ap.parse_args()
+    args.rows = [int(r) for r in args.rows.split(",")]
+    from tritongen.netutil import free_ports
+
+    torch.multiprocessing.spawn(_worker, args=(args.world, args, free_ports(1)[0]), nprocs=args.world)
+
+
+if __name__ == "__main__":
+    main()
