@@ -81,6 +81,10 @@ def test_elementwise_kernels_match_reference(dtype, shape):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(te.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), **tol)
     up = torch.randn(T, hidden, generator=g).to(DEVICE, dtype)
+    normed, summed = te.add_rms_norm(x, up, w, 1e-5)
+    want_normed, want_summed = reference.add_rms_norm(x, up, w, 1e-5)
+    assert torch.equal(summed, want_summed)  # the residual stream is rounded exactly as x + up
+    torch.testing.assert_close(normed, want_normed, **tol)
     torch.testing.assert_close(te.silu_and_mul(x, up), reference.silu_and_mul(x, up), **tol)
     q = torch.randn(T, hq, d, generator=g).to(DEVICE, dtype)
     k = torch.randn(T, hk, d, generator=g).to(DEVICE, dtype)

@@ -6,6 +6,8 @@ sequence's tokens and cache blocks are. Norms, rotary and SiLU·mul dispatch thr
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -22,6 +24,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm."""
+        return kernels.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -107,10 +113,18 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output, still to be added to `residual` (None for the first
+        layer, whose x is the embedding). Returns this layer's MLP output and the residual stream:
+        each add happens inside the next norm (the same sums as x + f(norm(x)), fewer launches)."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(
+            self.self_attn(h, cos, sin, kv_cache, attn), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -125,9 +139,10 @@ class LlamaModel(nn.Module):
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv_cache, attn)
+        return self.norm.add_forward(x, residual)[0] if residual is not None else self.norm(x)
 
 
 class LlamaForCausalLM(nn.Module):

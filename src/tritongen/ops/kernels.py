@@ -1,4 +1,4 @@
-"""Dispatch of the per-token ops (RMSNorm, rotary, SiLU·mul): the reference, or for CUDA tensors
+"""Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul): the reference, or for CUDA tensors
 the Triton kernels once `use_triton(True)` was called (select_attention_backend does it)."""
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def use_triton(enabled: bool) -> None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (_impl if x.is_cuda else reference).rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return (_impl if x.is_cuda else reference).add_rms_norm(x, residual, weight, eps)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

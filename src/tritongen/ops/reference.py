@@ -24,6 +24,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add before a norm, fused: s = x + residual (in x's dtype); (rms_norm(s), s)."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s
+
+
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The SwiGLU activation of Llama's MLP: silu(gate) * up."""
     return F.silu(gate) * up
