@@ -226,7 +226,7 @@ def test_schedule_ahead_decodes_the_token_in_flight_at_the_next_position():
     (SamplingParams(max_tokens=1, temperature=0), "the step in flight ends it by length"),
     (SamplingParams(max_tokens=9, temperature=0, repetition_penalty=1.2), "penalties read the tokens"),
     (SamplingParams(max_tokens=9, temperature=0, presence_penalty=0.5), "penalties read the tokens"),
-    (SamplingParams(max_tokens=9, temperature=0, min_tokens=3), "min_tokens counts the tokens"),
+    (SamplingParams(max_tokens=9, temperature=0, min_tokens=1), "the step where min_tokens stops masking"),
 ])
 def test_schedule_ahead_refuses_what_needs_the_tokens_in_flight(params, why):
     eng, _ = make_engine()
@@ -252,3 +252,22 @@ def test_schedule_ahead_without_a_free_block_waits_for_schedule():
     eng, _ = make_engine(num_blocks=4, block_size=4)
     prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)] * 2, prompt_len=8)
     assert eng.scheduler.schedule_ahead(prev) is None  # position 8 needs a 3rd block each
+
+
+def test_schedule_ahead_keeps_min_tokens_masking_right():
+    """The sampler decides on the host, from the output count it sees (one short while the step
+    ahead is launched): only the step where that count crosses min_tokens must wait."""
+    for min_tokens, ahead_ok in ((1, False), (2, True), (0, True)):
+        eng, _ = make_engine()
+        prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0, min_tokens=min_tokens)])
+        assert (eng.scheduler.schedule_ahead(prev) is not None) == ahead_ok, min_tokens
+
+
+def test_fixed_length_requests_run_ahead_until_their_last_token():
+    eng, runner = make_engine()
+    eng.runner.asynchronous = eng.pipelined = eng.async_scheduling = True
+    eng.runner.launch = lambda sched: (lambda out: lambda: out)(runner.execute(sched))
+    eng.add_request("a", [1, 2, 3], SamplingParams(max_tokens=6, min_tokens=6, ignore_eos=True, temperature=0))
+    final = run_all(eng)
+    assert final["a"].token_ids == expected_tokens([1, 2, 3], 6)
+    assert [st.input_from_previous for st in runner.steps if st.seqs] == [False] + [True] * 5

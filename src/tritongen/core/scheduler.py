@@ -83,8 +83,10 @@ class Scheduler:
         request of `prev` decodes the token that `prev` is sampling, which the runner takes from
         the device (`input_from_previous`; the host only knows its position). None when the next
         step cannot be known yet: requests to admit, a request that `prev` may finish by length,
-        penalties or min_tokens that read the output tokens, a prefill chunk, no free block.
-        A request that `prev` ends with a stop token computes one token that update() drops."""
+        penalties (they count the output tokens), the one step where min_tokens stops masking
+        EOS (the sampler counts the tokens on the host, one short while `prev` runs), a prefill
+        chunk, no free block. A request that `prev` ends with a stop token computes one token
+        that update() drops."""
         if self.waiting and len(self.running) < self.config.max_num_seqs:
             return None
         if (len(prev.seqs) != len(self.running) or len(prev.seqs) > self.config.max_num_batched_tokens
@@ -94,7 +96,7 @@ class Scheduler:
             p = seq.params
             after = seq.num_output_tokens + 1  # output tokens once prev's token is appended
             if (s.request_id != seq.request_id or not s.do_sample or after >= p.max_tokens
-                    or s.seq_len + 1 >= self.max_model_len or seq.num_output_tokens < p.min_tokens
+                    or s.seq_len + 1 >= self.max_model_len or after == p.min_tokens
                     or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
                 return None
         for s, seq in zip(prev.seqs, self.running):
