@@ -45,12 +45,69 @@ def _gaps(kernels, steps: int) -> dict:
             "kernels_per_step": len(kernels) / steps, "top_large": pairs.most_common(4)}
 
 
+def _host_breakdown(eng, steps: int) -> str:
+    """Host ms/step inside each phase of the loop (perf_counter around the engine's calls)."""
+    import functools
+
+    spent: Counter = Counter()
+
+    def timed(obj, attr, label):
+        fn = getattr(obj, attr)
+
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                out = fn(*a, **k)
+            finally:
+                spent[label] += time.perf_counter() - t0
+            if label == "launch":  # also time the wait closure it returns
+                def wait():
+                    t1 = time.perf_counter()
+                    try:
+                        return out()
+                    finally:
+                        spent["wait (result)"] += time.perf_counter() - t1
+                return wait
+            return out
+        setattr(obj, attr, wrapper)
+        return fn
+
+    r = eng.runner
+    originals = [(r, "launch", timed(r, "launch", "launch"))]
+    if r.graphs is not None:
+        originals.append((r.graphs, "run", timed(r.graphs, "run", "  graphs.run")))
+        originals.append((r.graphs.graphs[1][0], "replay", timed(r.graphs.graphs[1][0], "replay", "    replay")))
+        originals.append((r.graphs.graphs[1][1], "replay", timed(r.graphs.graphs[1][1], "replay", "    replay")))
+    originals.append((r.model, "compute_logits", timed(r.model, "compute_logits", "  compute_logits")))
+    originals.append((r.sampler, "sample_async", timed(r.sampler, "sample_async", "  sample_async")))
+    for attr in ("update", "schedule", "schedule_ahead"):
+        originals.append((eng.scheduler, attr, timed(eng.scheduler, attr, f"scheduler.{attr}")))
+    originals.append((eng, "_emit", timed(eng, "_emit", "emit")))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        spent["step()"] -= 0
+        s0 = time.perf_counter()
+        eng.step()
+        spent["step()"] += time.perf_counter() - s0
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    for obj, attr, fn in originals:
+        setattr(obj, attr, fn) if attr != "replay" else obj.__dict__.pop("replay", None)
+    lines = [f"    host breakdown over {steps} steps (wall {wall / steps * 1e3:.3f} ms/step):"]
+    lines += [f"      {k:24s} {v / steps * 1e3:7.3f} ms/step" for k, v in sorted(spent.items(), key=lambda kv: kv[0])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="dummy:llama-2-7b")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cuda", help="cpu only checks the script (tiny model, nothing to see)")
     args = ap.parse_args()
-    llm = LLM(args.model, dtype="bfloat16", device="cuda")
+    if args.device == "cpu":
+        torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
+    llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device)
     eng = llm.engine
     modes = {"async": (True, True), "pipelined": (True, False), "sequential": (False, False)}
     for name, (pipelined, async_) in modes.items():
@@ -64,11 +121,12 @@ def main() -> None:
             eng.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
                 eng.step()
             torch.cuda.synchronize()
         g = _gaps(_kernels(prof), args.steps)
+        breakdown = _host_breakdown(eng, args.steps)
         eng.abort(name)
         while eng.has_unfinished():
             eng.step()
@@ -77,6 +135,7 @@ def main() -> None:
               f"{g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step)", flush=True)
         for (a, b), us in g["top_large"]:
             print(f"    large gaps {us / args.steps:8.1f} us/step after {a!r} before {b!r}")
+        print(breakdown, flush=True)
     graphs = eng.runner.graphs
     if graphs is not None:
         twins = graphs.graphs[1]

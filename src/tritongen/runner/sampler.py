@@ -81,7 +81,7 @@ class Sampler:
         else:
             token_ids = logits.argmax(dim=-1)
             if sample_rows:
-                idx = torch.tensor(sample_rows, device=logits.device)
+                idx = _h2d(sample_rows, logits.device)
                 sampled = self._sample_rows(logits[idx], [seqs[i] for i in sample_rows])
                 token_ids.index_copy_(0, idx, sampled)
 
@@ -101,19 +101,17 @@ class Sampler:
             stop_ids = set(seqs[i].eos_token_ids) | set(seqs[i].params.stop_token_ids)
             pairs.extend((i, t) for t in stop_ids if 0 <= t < vocab)
         if pairs:
-            index = torch.tensor(pairs, device=logits.device).t()
-            logits.index_put_((index[0], index[1]), torch.tensor(-math.inf, device=logits.device))
+            index = _h2d(pairs, logits.device).t()
+            logits[index[0], index[1]] = -math.inf
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[ScheduledSeq], rows: list[int]) -> None:
         """HF repetition penalty over prompt+output, OpenAI presence/frequency over output (in place)."""
         device = logits.device
         params = [seqs[i].params for i in rows]
-        idx = torch.tensor(rows, device=device)
+        idx = _h2d(rows, device)
         sub = logits[idx]
-        factors = torch.tensor(
-            [[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params],
-            dtype=torch.float32, device=device,
-        )
+        factors = _h2d([[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params],
+                       device, torch.float32)
         rep, presence, frequency = (factors[:, j : j + 1] for j in range(3))
         output_counts = self._token_counts([seqs[i].output_token_ids for i in rows], sub.shape[1], device)
         if any(p.repetition_penalty != 1.0 for p in params):
@@ -132,9 +130,9 @@ class Sampler:
         lengths = [len(t) for t in token_lists]
         if sum(lengths) == 0:
             return counts.view(len(token_lists), vocab)
-        tokens = torch.tensor(list(itertools.chain.from_iterable(token_lists)), device=device)
+        tokens = _h2d(list(itertools.chain.from_iterable(token_lists)), device, torch.int64)
         row_of = torch.repeat_interleave(
-            torch.arange(len(token_lists), device=device), torch.tensor(lengths, device=device)
+            torch.arange(len(token_lists), device=device), _h2d(lengths, device, torch.int64)
         )
         # Out-of-range ids (a prompt token beyond a truncated vocab) must not spill into the next row.
         in_range = (tokens < vocab).float()
@@ -150,14 +148,13 @@ class Sampler:
         use_top_k = any(0 < p.top_k < vocab for p in params)
         use_top_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
-        knobs = torch.tensor(
+        knobs = _h2d(
             # A temperature below 1e-5 is as good as greedy; the floor keeps logits / T finite.
             [[max(p.temperature, 1e-5),
               p.top_k if 0 < p.top_k < vocab else vocab,
               p.top_p if p.top_p < 1.0 else math.inf,  # inf: rounding in cumsum never drops a token
               p.min_p] for p in params],
-            dtype=torch.float32, device=logits.device,
-        )
+            logits.device, torch.float32)
         if any(p.temperature != 1.0 for p in params):
             logits = logits / knobs[:, 0:1]
         if use_top_k or use_top_p:
@@ -182,7 +179,7 @@ class Sampler:
         else:
             unseeded = [i for i, s in enumerate(seqs) if s.params.seed is None]
             if unseeded:
-                idx = torch.tensor(unseeded, device=device)
+                idx = _h2d(unseeded, device)
                 q[idx] = torch.empty(len(unseeded), shape[1], device=device).exponential_(
                     generator=self._generator)
             for i in seeded:
@@ -206,7 +203,7 @@ class Sampler:
     ) -> Callable[[], SampleResult]:
         """Ids, chosen logprobs and top lists packed into one float64 tensor: one transfer."""
         n, vocab = raw.shape
-        idx = torch.tensor(lp_rows, device=raw.device) if len(lp_rows) < n else None
+        idx = _h2d(lp_rows, raw.device) if len(lp_rows) < n else None
         rows = raw if idx is None else raw[idx]
         chosen_ids = token_ids if idx is None else token_ids[idx]
         logprobs = torch.log_softmax(rows, dim=-1)  # float32, like HF's log_softmax
@@ -218,6 +215,16 @@ class Sampler:
         block = torch.cat(parts, dim=1)
         ready = _to_host(torch.cat([token_ids.double(), block.flatten()]))
         return lambda: _unpack_logprobs(ready().tolist(), n, k, params, lp_rows)
+
+
+def _h2d(data: list, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A small host list on `device` without stalling the host: a copy from pageable memory waits
+    for the stream to drain (the whole forward pass in flight), one from pinned memory does not.
+    Measured on the H200: the min_tokens mask's pageable copy held every step's host 4.7 ms."""
+    t = torch.tensor(data, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _to_host(t: torch.Tensor) -> Callable[[], torch.Tensor]:
