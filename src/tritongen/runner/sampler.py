@@ -102,7 +102,8 @@ class Sampler:
             pairs.extend((i, t) for t in stop_ids if 0 <= t < vocab)
         if pairs:
             index = _h2d(pairs, logits.device).t()
-            logits[index[0], index[1]] = -math.inf
+            # A device scalar: `logits[i, j] = -inf` would upload the value from pageable memory.
+            logits.index_put_((index[0], index[1]), torch.full((), -math.inf, device=logits.device))
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[ScheduledSeq], rows: list[int]) -> None:
         """HF repetition penalty over prompt+output, OpenAI presence/frequency over output (in place)."""
