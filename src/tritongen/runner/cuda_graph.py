@@ -4,11 +4,6 @@ A decode step launches a few hundred small kernels; replaying a captured graph r
 launch cost that dominates small batches. Inputs live in static buffers that every graph reads:
 each step copies the batch's index tensors into them (padding rows get slot -1, so they write no
 KV, and a context of one token), then replays the smallest graph that fits.
-
-Each batch size has two captured copies, replayed in turn. Measured on the H200 (benchmarks/
-gap_probe.py): a replay of the graph that is still running (the next step queued while this one
-runs, as asynchronous scheduling does) held the host until the first finished, then the ~400-node
-launch left the device idle ~0.4 ms per step; the twin's launch overlaps the running step.
 """
 from __future__ import annotations
 
@@ -44,9 +39,8 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(n, self.width, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        self.outputs: dict[int, list[torch.Tensor]] = {}
-        self._turn = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
 
     def _meta(self, g: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -61,13 +55,11 @@ class DecodeGraphs:
             meta = self._meta(g)
             self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, meta)  # compile kernels
             torch.cuda.synchronize()
-            self.graphs[g], self.outputs[g] = [], []
-            for _ in range(2):  # one pool for all: replays never overlap (one stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[g].append(self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, meta))
-                pool = graph.pool()
-                self.graphs[g].append(graph)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[g] = self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, meta)
+            pool = graph.pool()
+            self.graphs[g] = graph
         torch.cuda.synchronize()
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
@@ -102,9 +94,8 @@ class DecodeGraphs:
         self.block_tables[:b, :width].copy_(torch.tensor(rows, dtype=torch.int32).pin_memory(), non_blocking=True)
         if input_ids is not None:
             self.input_ids[:b].copy_(input_ids)
-        self._turn ^= 1
-        self.graphs[g][self._turn].replay()
-        return self.outputs[g][self._turn][:b]
+        self.graphs[g].replay()
+        return self.outputs[g][:b]
 
 
 def maybe_build_graphs(model: torch.nn.Module, kv_caches: list[torch.Tensor], device: torch.device,
