@@ -185,9 +185,16 @@ class SchedulerOutput:
     finished_request_ids: list[str] = field(default_factory=list)
     """Requests that ended since the last step: the runner drops their per-request state."""
     preempted_request_ids: list[str] = field(default_factory=list)
-    input_from_previous: bool = False
-    """Every seq decodes one token sampled by the step before, still on the device: the runner
-    feeds that step's sampled ids in order (token_ids hold a placeholder). Asynchronous scheduling."""
+    previous_rows: Optional[list[int]] = None
+    """Asynchronous scheduling: seqs[k] for k < len(previous_rows) decode one token that the step
+    before sampled, still on the device (token_ids hold a placeholder): the runner feeds sampled
+    row previous_rows[k] of that step. These seqs come first, one token each."""
+    num_previous: int = 0
+    """How many rows the step before sampled (what a tensor-parallel worker receives)."""
+
+    @property
+    def input_from_previous(self) -> bool:
+        return bool(self.previous_rows)
 
     @property
     def num_batched_tokens(self) -> int:

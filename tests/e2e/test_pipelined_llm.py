@@ -34,9 +34,12 @@ def test_pipelined_llm_equals_sequential(async_scheduling: bool) -> None:
     stopped_ref = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0, stop=[stop]))[0]
     for e, g in zip(expected, got):
         assert (g.token_ids, g.text, g.finish_reason) == (e.token_ids, e.text, e.finish_reason)
-        assert [lp.logprob for lp in g.logprobs or []] == [lp.logprob for lp in e.logprobs or []]
+        # Asynchronous scheduling admits requests a step earlier, so batches differ and float32
+        # sums with them (by ~1e-7); the pipelined loop alone runs the very same batches.
+        tol = 1e-5 if async_scheduling else 0
+        assert [lp.logprob for lp in g.logprobs or []] == pytest.approx([lp.logprob for lp in e.logprobs or []], abs=tol)
         prompt_lps = [[lp and lp.logprob for lp in o.prompt_logprobs or []] for o in (g, e)]
-        assert prompt_lps[0] == prompt_lps[1]
+        assert prompt_lps[0] == pytest.approx(prompt_lps[1], abs=tol)
     assert stopped_seq.finish_reason == stopped_ref.finish_reason == "stop"
     assert (stopped_seq.text, stopped_seq.token_ids) == (stopped_ref.text, stopped_ref.token_ids)
     bm = llm.engine.block_manager

@@ -32,16 +32,17 @@ class FakeRunner:
         ids, lps = [], []
         # An asynchronous step decodes the ids sampled last step (a device would read them there);
         # its seqs' output lists do not hold that token yet.
-        previous = self.last_ids if sched.input_from_previous else None
-        assert previous is None or len(previous) == len(sched.seqs)
+        rows = sched.previous_rows or []
+        assert not rows or len(self.last_ids) == sched.num_previous
         for row, s in enumerate(sched.seqs):
-            for i, tok in enumerate(s.token_ids if previous is None else [previous[row]]):
+            ahead = row < len(rows)
+            for i, tok in enumerate([self.last_ids[rows[row]]] if ahead else s.token_ids):
                 p = s.start_pos + i
                 self.slots[s.block_table[p // bs] * bs + p % bs] = tok
             if not s.do_sample:
                 continue
             ctx = tuple(self.slots[s.block_table[p // bs] * bs + p % bs] for p in range(s.seq_len))
-            n_out = len(s.output_token_ids) + (previous is not None)
+            n_out = len(s.output_token_ids) + ahead
             tok = EOS if self.eos_after.get(s.request_id) == n_out else next_token(ctx)
             ids.append(tok)
             lps.append(TokenLogprob(tok, -0.5) if s.params.logprobs is not None else None)

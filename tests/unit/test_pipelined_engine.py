@@ -87,10 +87,7 @@ def test_pipelined_outputs_equal_sequential(num_blocks: int, async_scheduling: b
     if num_blocks == 24:
         assert pipe_eng.scheduler.num_preemptions > 0
     ahead = sum(st.input_from_previous for st in runner.steps)
-    if not async_scheduling:
-        assert ahead == 0
-    elif num_blocks == 64:  # with 24 the queue mostly waits for room, and admitting comes first
-        assert ahead > len(runner.steps) // 4
+    assert (ahead > len(runner.steps) // 2) if async_scheduling else ahead == 0
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

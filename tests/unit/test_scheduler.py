@@ -223,7 +223,7 @@ def test_schedule_ahead_decodes_the_token_in_flight_at_the_next_position():
 
 
 @pytest.mark.parametrize("params, why", [
-    (SamplingParams(max_tokens=1, temperature=0), "the step in flight ends it by length"),
+    (SamplingParams(max_tokens=1, temperature=0), "the step in flight ends it by length: nothing left"),
     (SamplingParams(max_tokens=9, temperature=0, repetition_penalty=1.2), "penalties read the tokens"),
     (SamplingParams(max_tokens=9, temperature=0, presence_penalty=0.5), "penalties read the tokens"),
     (SamplingParams(max_tokens=9, temperature=0, min_tokens=1), "the step where min_tokens stops masking"),
@@ -234,18 +234,29 @@ def test_schedule_ahead_refuses_what_needs_the_tokens_in_flight(params, why):
     assert eng.scheduler.schedule_ahead(prev) is None, why
 
 
-def test_schedule_ahead_leaves_admission_and_prefill_chunks_to_schedule():
+def test_schedule_ahead_leaves_prefill_chunks_to_schedule_and_admits_after_the_decodes():
     eng, _ = make_engine(budget=4)  # a 6-token prompt needs two chunks
     prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
     assert not prev.seqs[0].do_sample and eng.scheduler.schedule_ahead(prev) is None
     eng, _ = make_engine(max_seqs=4)
     prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
     eng.add_request("late", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
-    assert eng.scheduler.schedule_ahead(prev) is None  # "late" can be admitted: schedule() does it
+    ahead = eng.scheduler.schedule_ahead(prev)
+    assert [(s.request_id, s.start_pos, s.num_new_tokens) for s in ahead.seqs] == [("r0", 6, 1), ("late", 0, 3)]
+    assert ahead.previous_rows == [0] and ahead.num_previous == 1 and ahead.seqs[1].token_ids == [1, 2, 3]
     eng, _ = make_engine(max_seqs=1)
     prev = _decode_step(eng, [SamplingParams(max_tokens=9, temperature=0)])
     eng.add_request("late", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))
-    assert eng.scheduler.schedule_ahead(prev) is not None  # no room for "late" anyway
+    assert [s.request_id for s in eng.scheduler.schedule_ahead(prev).seqs] == ["r0"]  # no room for "late"
+
+
+def test_schedule_ahead_leaves_out_what_the_step_in_flight_ends_by_length():
+    eng, _ = make_engine()
+    prev = _decode_step(eng, [SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=5, temperature=0),
+                              SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=5, temperature=0)])
+    ahead = eng.scheduler.schedule_ahead(prev)
+    assert [s.request_id for s in ahead.seqs] == ["r1", "r3"]
+    assert ahead.previous_rows == [1, 3] and ahead.num_previous == 4
 
 
 def test_schedule_ahead_without_a_free_block_waits_for_schedule():

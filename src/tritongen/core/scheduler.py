@@ -79,35 +79,51 @@ class Scheduler:
         return out
 
     def schedule_ahead(self, prev: SchedulerOutput) -> Optional[SchedulerOutput]:
-        """The next step while `prev` still runs on the device (asynchronous scheduling): every
-        request of `prev` decodes the token that `prev` is sampling, which the runner takes from
-        the device (`input_from_previous`; the host only knows its position). None when the next
-        step cannot be known yet: requests to admit, a request that `prev` may finish by length,
-        penalties (they count the output tokens), the one step where min_tokens stops masking
-        EOS (the sampler counts the tokens on the host, one short while `prev` runs), a prefill
-        chunk, no free block. A request that `prev` ends with a stop token computes one token
-        that update() drops."""
-        if self.waiting and len(self.running) < self.config.max_num_seqs:
-            return None
-        if (len(prev.seqs) != len(self.running) or len(prev.seqs) > self.config.max_num_batched_tokens
-                or self._finished_ids):
-            return None
-        for s, seq in zip(prev.seqs, self.running):
+        """The next step while `prev` still runs on the device (asynchronous scheduling). Every
+        running request decodes the token that `prev` is sampling; the runner takes it from the
+        device (`previous_rows`; the host only knows its position). Requests that `prev` ends by
+        length are left out, waiting requests are admitted with the budget left. A request that
+        `prev` ends with EOS or a stop token computes one token that update() drops.
+
+        None (the caller waits for `prev`, then schedule() runs) when the next step depends on
+        `prev`'s tokens on the host: a running request that `prev` does not sample (a prefill
+        chunk) or that uses penalties (they count the output tokens), the one step where
+        min_tokens stops masking EOS (the sampler counts the tokens on the host, one short while
+        `prev` runs), or no free block for a decode."""
+        sampled = {s.request_id: k for k, s in enumerate(s for s in prev.seqs if s.do_sample)}
+        positions = {s.request_id: s.seq_len for s in prev.seqs}
+        decode: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            k = sampled.get(seq.request_id)
+            if k is None:
+                return None
             p = seq.params
             after = seq.num_output_tokens + 1  # output tokens once prev's token is appended
-            if (s.request_id != seq.request_id or not s.do_sample or after >= p.max_tokens
-                    or s.seq_len + 1 >= self.max_model_len or after == p.min_tokens
-                    or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+            if after >= p.max_tokens or positions[seq.request_id] + 1 >= self.max_model_len:
+                continue  # prev ends it by length
+            if after == p.min_tokens or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
                 return None
-        for s, seq in zip(prev.seqs, self.running):
-            if not self.block_manager.allocate_slots(seq, s.num_new_tokens + 1):
+            decode.append((seq, k))
+        budget = self.config.max_num_batched_tokens - len(decode)
+        if budget < 0:
+            return None
+        for seq, _ in decode:  # the slot of the token prev samples
+            if not self.block_manager.allocate_slots(seq, positions[seq.request_id] + 1 - seq.num_computed_tokens):
                 return None  # blocks taken so far serve the next step all the same
-        seqs = [ScheduledSeq(request_id=s.request_id, token_ids=[0], start_pos=s.seq_len,
+        admitted: list[tuple[Sequence, int]] = []
+        self._schedule_waiting(budget, admitted)
+        if not decode and not admitted:
+            return None
+        seqs = [ScheduledSeq(request_id=seq.request_id, token_ids=[0], start_pos=positions[seq.request_id],
                              block_table=list(seq.block_table), do_sample=True, params=seq.params,
                              prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
                              eos_token_ids=seq.eos_token_ids)
-                for s, seq in zip(prev.seqs, self.running)]
-        return SchedulerOutput(seqs=seqs, input_from_previous=True)
+                for seq, _ in decode]
+        out = SchedulerOutput(seqs=seqs + [self._to_scheduled(seq, n) for seq, n in admitted],
+                              finished_request_ids=self._finished_ids,
+                              previous_rows=[k for _, k in decode] or None, num_previous=len(sampled))
+        self._finished_ids = []
+        return out
 
     def _schedule_running(self, budget: int, scheduled: list, preempted: list) -> int:
         i = 0

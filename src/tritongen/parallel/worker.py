@@ -34,7 +34,7 @@ def step_message(sched: SchedulerOutput) -> SchedulerOutput:
         params = _NO_SAMPLING if k is None else SamplingParams(max_tokens=1, prompt_logprobs=k)
         seqs.append(ScheduledSeq(s.request_id, s.token_ids, s.start_pos, s.block_table, s.do_sample, params,
                                  s.prompt_token_ids if k is not None else [], []))
-    return SchedulerOutput(seqs, input_from_previous=sched.input_from_previous)
+    return SchedulerOutput(seqs, previous_rows=sched.previous_rows, num_previous=sched.num_previous)
 
 
 def timeout() -> timedelta:

@@ -193,8 +193,8 @@ class ModelRunner:
             hidden = self.graphs.run(sched.seqs, previous)  # pure decode: every row samples, in order
             return self._sample(self.model.compute_logits(hidden), sched.seqs)
         batch = self._prepare(sched)
-        if previous is not None:
-            batch.input_ids.copy_(previous)
+        if previous is not None:  # the decode rows come first, one token each
+            batch.input_ids[: previous.shape[0]].copy_(previous)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
         prompt_lps = None
         if any(s.params.prompt_logprobs is not None for s in sched.seqs):
@@ -212,22 +212,26 @@ class ModelRunner:
         return finish
 
     def _previous_ids(self, sched: SchedulerOutput) -> Optional[torch.Tensor]:
-        """The device ids an asynchronous step decodes: those the previous step sampled, in order.
-        Only rank 0 samples; under tensor parallelism it broadcasts them to the other ranks."""
-        if not sched.input_from_previous:
+        """The device ids the first seqs of an asynchronous step decode: rows `previous_rows` of
+        what the previous step sampled. Only rank 0 samples; under tensor parallelism it
+        broadcasts them to the other ranks."""
+        rows = sched.previous_rows
+        if not rows:
             return None
-        n = len(sched.seqs)
+        n = sched.num_previous
         if self.sampler is None:
             ids = torch.empty(n, dtype=torch.int64, device=self.device)
         else:
             ids = self.sampler.last_token_ids
             if ids is None or ids.shape[0] != n:
-                raise RuntimeError(f"asynchronous step of {n} sequences without their previous "
-                                   f"sampled ids ({None if ids is None else ids.shape[0]})")
+                raise RuntimeError(f"asynchronous step expects {n} ids sampled by the previous step, "
+                                   f"found {None if ids is None else ids.shape[0]}")
             ids = ids.to(torch.int64)
         if self.shard is not None and self.shard.world_size > 1:
             torch.distributed.broadcast(ids, src=0, group=self.shard.group)
-        return ids
+        if rows == list(range(n)):
+            return ids
+        return ids.index_select(0, self._to_device(rows, torch.int64))
 
     supports_input_from_previous = True
     """Launches asynchronous steps (SchedulerOutput.input_from_previous)."""
