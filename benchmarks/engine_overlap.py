@@ -1,8 +1,9 @@
 """Host/device overlap of the engine loop, with the device simulated: a runner whose launch()
 returns at once and whose wait() sleeps until `--device-ms` after the launch (what an H200 step
 would take), while the host does the engine's real work (scheduler, block manager, the real
-tokenizer's incremental detokenizer, outputs). Prints the step period of the sequential loop and
-of the pipelined loop (the default on CUDA) per batch size.
+tokenizer's incremental detokenizer, outputs). Prints the step period of the sequential loop, of
+the pipelined loop, and of the pipelined loop with asynchronous scheduling (the default on CUDA)
+per batch size.
 
     PYTHONPATH=src python benchmarks/engine_overlap.py --batches 1,32,128 --device-ms 5,15
 """
@@ -20,21 +21,22 @@ from tritongen.types import ModelOutput, SamplingParams, SchedulerOutput
 class SimulatedDevice:
     """num_blocks/block_size of a large cache; sampled ids are random text tokens."""
 
-    def __init__(self, device_ms: float, pipelined: bool, seed: int = 0) -> None:
+    def __init__(self, device_ms: float, mode: str, seed: int = 0) -> None:
         self.num_blocks, self.block_size = 100_000, 16
         self.device_s = device_ms / 1000
-        self.asynchronous = pipelined
+        self.asynchronous = mode != "sequential"
+        self.supports_input_from_previous = mode == "async"
         self.rng = random.Random(seed)
         self.busy_until = 0.0
 
     def launch(self, sched: SchedulerOutput):
         start = max(time.perf_counter(), self.busy_until)  # the device runs steps one after another
-        self.busy_until = start + self.device_s
+        self.busy_until = end = start + self.device_s
         ids = [self.rng.randrange(1000, 30000) for s in sched.seqs if s.do_sample]
 
         def wait() -> ModelOutput:
-            while time.perf_counter() < self.busy_until:  # spin: sleep() overshoots by ~1 ms
-                pass
+            while time.perf_counter() < end:  # this step's end (a later launch may be queued); spin:
+                pass                           # sleep() overshoots by ~1 ms
             return ModelOutput(ids)
 
         return wait
@@ -43,8 +45,8 @@ class SimulatedDevice:
         return self.launch(sched)()
 
 
-def step_period_ms(tokenizer, decoder, batch: int, device_ms: float, pipelined: bool, steps: int) -> float:
-    runner = SimulatedDevice(device_ms, pipelined)
+def step_period_ms(tokenizer, decoder, batch: int, device_ms: float, mode: str, steps: int) -> float:
+    runner = SimulatedDevice(device_ms, mode)
     limits = EngineLimits(max_model_len=100_000, vocab_size=49152, eos_token_ids=(0,))
     eng = EngineCore(runner, tokenizer, limits, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=8192),
                      False, decoder=decoder)
@@ -70,13 +72,13 @@ def main() -> None:
     args = ap.parse_args()
     tokenizer = load_tokenizer(resolve_model(None))
     decoder = FastDecoder(tokenizer)
-    print(f"{'batch':>6} {'device ms':>10} {'sequential ms':>14} {'pipelined ms':>13} {'host hidden ms':>15}")
+    modes = ("sequential", "pipelined", "async")
+    print(f"{'batch':>6} {'device ms':>10} " + " ".join(f"{m + ' ms':>14}" for m in modes) + f" {'hidden by async':>16}")
     for batch in (int(b) for b in args.batches.split(",")):
         for dev in (float(d) for d in args.device_ms.split(",")):
-            seq = step_period_ms(tokenizer, decoder, batch, dev, False, args.steps)
-            pipe = step_period_ms(tokenizer, decoder, batch, dev, True, args.steps)
-            print(f"{batch:>6} {dev:>10.1f} {seq:>14.3f} {pipe:>13.3f} {seq - pipe:>15.3f}", flush=True)
-
+            ms = [step_period_ms(tokenizer, decoder, batch, dev, m, args.steps) for m in modes]
+            print(f"{batch:>6} {dev:>10.1f} " + " ".join(f"{v:>14.3f}" for v in ms) + f" {ms[0] - ms[2]:>16.3f}",
+                  flush=True)
 
 if __name__ == "__main__":
     main()
