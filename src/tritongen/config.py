@@ -47,6 +47,9 @@ class SchedulerConfig:
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step; longer prompts are prefilled in chunks."""
+    async_scheduling: bool = True
+    """On CUDA, launch the next decode step before the current one finishes, fed with its sampled
+    ids on the device, so the GPU never waits for the host (outputs are unchanged)."""
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,14 @@ def test_a_request_ended_by_eos_drops_the_token_computed_ahead() -> None:
     for rid in "ab":
         assert (final[rid].token_ids, final[rid].finish_reason) == (want[rid].token_ids, want[rid].finish_reason)
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_async_scheduling_can_be_turned_off() -> None:
+    limits = EngineLimits(max_model_len=256, vocab_size=1000, eos_token_ids=(EOS,))
+    off = EngineCore(AsyncFakeRunner(64, 4), CharTokenizer(), limits, SchedulerConfig(6, 32, async_scheduling=False))
+    on = EngineCore(AsyncFakeRunner(64, 4), CharTokenizer(), limits, SchedulerConfig(6, 32))
+    assert off.pipelined and not off.async_scheduling and on.async_scheduling
+    off.add_request("a", [1, 2, 3], SamplingParams(max_tokens=5, temperature=0))
+    while off.has_unfinished():
+        off.step()
+    assert not any(st.input_from_previous for st in off.runner.steps)

@@ -77,7 +77,8 @@ class EngineCore:
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
         self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
-        self.async_scheduling = self.pipelined and bool(getattr(runner, "supports_input_from_previous", False))
+        self.async_scheduling = (self.pipelined and scheduler_config.async_scheduling
+                                 and bool(getattr(runner, "supports_input_from_previous", False)))
         """Pipelined, and the next decode step is launched before the one in flight is done, fed
         with its sampled ids on the device (Scheduler.schedule_ahead), so the device never waits
         for the host between steady decode steps."""
