@@ -105,3 +105,32 @@ def test_write_kv_with_strided_views_of_a_fused_qkv():
     reference.write_kv_cache_ref(k, v, kv_ref, meta.slot_mapping)
     write_kv_cache_triton(k.contiguous(), v, kv, meta.slot_mapping)
     assert torch.equal(kv, kv_ref)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rotary_and_kv_write_match_the_two_reference_ops(case, dtype):
+    """q, k, v as strided views of one fused qkv output, one padding row (slot -1)."""
+    from tritongen.ops.triton_attention import rotary_write_kv_triton
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    h, hkv, d, bs, seqs, _ = case
+    _, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, dtype)
+    T = meta.slot_mapping.shape[0]
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(T, (h + 2 * hkv) * d, generator=g).to(DEVICE, dtype)
+    q, k, v = (part.view(T, -1, d) for part in qkv.split([h * d, hkv * d, hkv * d], dim=1))
+    slots = meta.slot_mapping.clone()
+    slots[-1] = -1  # a padding row writes nothing
+    inv = reference.rope_inv_freq(d, 10000.0).to(DEVICE)
+    cos, sin = reference.rope_cos_sin(torch.arange(3, 3 + T, device=DEVICE), inv)
+    want_q, want_k = reference.apply_rotary(q, k, cos, sin)
+    kv_ref = kv.clone()
+    reference.write_kv_cache_ref(want_k, v, kv_ref, slots)
+    got_q = rotary_write_kv_triton(q, k, v, cos, sin, kv, slots)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got_q, want_q, **tol)
+    torch.testing.assert_close(kv, kv_ref, **tol)
+    untouched = kv_ref.view(2, -1, hkv, d)[:, meta.slot_mapping[-1]]
+    assert torch.equal(kv.view(2, -1, hkv, d)[:, meta.slot_mapping[-1]], untouched)

@@ -13,7 +13,7 @@ from torch import nn
 
 from tritongen.models.arch import ModelArch
 from tritongen.ops import kernels, reference
-from tritongen.ops.attention import AttentionMetadata, paged_attention, write_kv_cache
+from tritongen.ops.attention import AttentionMetadata, paged_attention, rotary_and_write_kv
 
 
 class RMSNorm(nn.Module):
@@ -80,9 +80,8 @@ class LlamaAttention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = kernels.apply_rotary(q, k, cos, sin)
         # Write first: this step's queries attend to their own keys through the cache.
-        write_kv_cache(k, v, kv_cache, attn.slot_mapping)
+        q = rotary_and_write_kv(q, k, v, cos, sin, kv_cache, attn.slot_mapping)
         out = paged_attention(q, kv_cache, attn, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 

@@ -3,9 +3,10 @@
 KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V).
 Slot s lives at block s // block_size, offset s % block_size.
 
-Only the pure-PyTorch reference exists today. GPU kernels register themselves in _BACKENDS under
-a new name (same signatures as the reference) and are chosen with set_attention_backend(); the
-model code only ever calls write_kv_cache() and paged_attention().
+Backends: the pure-PyTorch reference, and the Triton kernels (registered on first use by
+select_attention_backend) with the same signatures, chosen with set_attention_backend(). The
+model code calls rotary_and_write_kv() (fused where the backend has a kernel for it) and
+paged_attention(); write_kv_cache() stays for callers that store ready keys.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-from tritongen.ops import reference
+from tritongen.ops import kernels, reference
 
 
 @dataclass
@@ -83,6 +84,9 @@ class AttentionBackend(NamedTuple):
     """(k [T, Hkv, D], v [T, Hkv, D], kv_cache, slot_mapping) -> None"""
     paged_attention: Callable[..., torch.Tensor]
     """(q [T, Hq, D], kv_cache, meta, scale, sliding_window=None) -> [T, Hq, D]"""
+    rotary_write_kv: Optional[Callable[..., torch.Tensor]] = None
+    """(q, k, v, cos, sin, kv_cache, slot_mapping) -> rotated q: rotary and the KV write fused;
+    None = kernels.apply_rotary, then write_kv_cache."""
 
 
 _BACKENDS: dict[str, AttentionBackend] = {
@@ -126,11 +130,10 @@ def select_attention_backend(name: str, device: torch.device) -> str:
             from tritongen.ops import triton_attention as ta
 
             register_attention_backend("triton", AttentionBackend(ta.write_kv_cache_triton,
-                                                                  ta.paged_attention_triton))
+                                                                  ta.paged_attention_triton,
+                                                                  ta.rotary_write_kv_triton))
     if device.type == "cuda":
         set_attention_backend(name)
-        from tritongen.ops import kernels
-
         kernels.use_triton(name == "triton")  # the per-token ops follow the attention choice
     return name
 
@@ -142,6 +145,18 @@ def _backend_for(x: torch.Tensor) -> AttentionBackend:
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store this step's k, v [T, Hkv, D] into the layer's paged cache at slot_mapping."""
     _backend_for(k).write_kv_cache(k, v, kv_cache, slot_mapping)
+
+
+def rotary_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by cos/sin [T, D], store the rotated k and v at
+    slot_mapping; returns the rotated q. One kernel where the backend fuses them."""
+    backend = _backend_for(q)
+    if backend.rotary_write_kv is not None:
+        return backend.rotary_write_kv(q, k, v, cos, sin, kv_cache, slot_mapping)
+    q, k = kernels.apply_rotary(q, k, cos, sin)
+    backend.write_kv_cache(k, v, kv_cache, slot_mapping)
+    return q
 
 
 def paged_attention(

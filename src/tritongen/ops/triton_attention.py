@@ -50,6 +50,53 @@ def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
 
 
 @triton.jit
+def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, stride_qt, stride_qh, stride_kt, stride_kh,
+                            stride_vt, stride_vh, stride_c, stride_cs, stride_ch,
+                            HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0)
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    cos = tl.load(COS + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(SIN + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+    q_ok = (h < HQ) & (d < HALF)
+    q1 = tl.load(Q + t * stride_qt + h * stride_qh + d, mask=q_ok, other=0.0).to(tl.float32)
+    q2 = tl.load(Q + t * stride_qt + h * stride_qh + HALF + d, mask=q_ok, other=0.0).to(tl.float32)
+    qo = QO + t * (HQ * 2 * HALF) + h * (2 * HALF) + d  # rotated q is contiguous [T, HQ, 2*HALF]
+    tl.store(qo, (q1 * cos - q2 * sin).to(QO.dtype.element_ty), mask=q_ok)
+    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QO.dtype.element_ty), mask=q_ok)
+    slot = tl.load(SLOTS + t)
+    if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
+        ok = (h < HK) & (d < HALF)
+        k1 = tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok, other=0.0).to(tl.float32)
+        k2 = tl.load(K + t * stride_kt + h * stride_kh + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
+        tl.store(KC + dst, (k1 * cos - k2 * sin).to(KC.dtype.element_ty), mask=ok)
+        tl.store(KC + dst + HALF, (k2 * cos + k1 * sin).to(KC.dtype.element_ty), mask=ok)
+        tl.store(VC + dst, tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
+        tl.store(VC + dst + HALF, tl.load(V + t * stride_vt + h * stride_vh + HALF + d, mask=ok), mask=ok)
+
+
+def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotary on q and k, and the KV-cache write of the rotated k and of v, in one launch (the
+    rotated k never goes through memory on its own). Returns the rotated q, contiguous [T, Hq, D].
+    Numerics as ops/triton_elementwise's rotary: float32, rounded once."""
+    T, hq, d = q.shape
+    hk = k.shape[1]
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if T:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
+        _rotary_write_kv_kernel[(T,)](
+            q, k, v, cos, sin, qo, kc, vc, slot_mapping, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            v.stride(0), v.stride(1), cos.stride(0), kc.stride(1), kc.stride(2),
+            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=d // 2,
+            BLOCK_HALF=triton.next_power_of_2(d // 2))
+    return qo
+
+
+@triton.jit
 def _paged_attn_kernel(
     Q, K, V, O, BT, SEQ_LENS, QSL, scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
