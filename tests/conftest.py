@@ -11,6 +11,16 @@ for _sub in sorted(os.listdir(_HERE)):
     if os.path.isdir(os.path.join(_HERE, _sub)) and not _sub.startswith((".", "_")):
         sys.path.insert(0, os.path.join(_HERE, _sub))
 
+# Without CUDA, Triton kernels run in Triton's interpreter (tests/gpu/test_triton_kernels.py). The
+# switch must be set before anything imports triton: it decides how @triton.jit builds functions.
+import importlib.util  # noqa: E402
+
+if "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton") is not None:
+    import torch  # noqa: E402
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 import pytest
 
 

@@ -1,12 +1,16 @@
-"""Triton kernels against the reference ops on random inputs. Runs on CUDA, or on the CPU through
-Triton's interpreter when TRITONGEN_TEST_TRITON_INTERPRET=1 (needs the triton package)."""
+"""Triton kernels against the reference ops on random inputs. Runs on CUDA, else on the CPU through
+Triton's interpreter when the triton package is installed (CI installs it with the dev extras),
+or when TRITONGEN_TEST_TRITON_INTERPRET=1."""
+import importlib.util
 import os
 import random
 
 import pytest
 import torch
 
-INTERPRET = os.environ.get("TRITONGEN_TEST_TRITON_INTERPRET") == "1"
+# tests/conftest.py sets TRITON_INTERPRET without CUDA when triton is installed (before any import).
+INTERPRET = (os.environ.get("TRITONGEN_TEST_TRITON_INTERPRET") == "1" or os.environ.get("TRITON_INTERPRET") == "1"
+             ) and importlib.util.find_spec("triton") is not None
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 if not (torch.cuda.is_available() or INTERPRET):

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from tritongen.ops.attention import AttentionMetadata
+from tritongen.ops.triton_elementwise import rope_row, rotate_heads
 
 
 @triton.jit
@@ -55,26 +56,17 @@ def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, stride_qt, str
                             HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
                             BLOCK_HALF: tl.constexpr):
     t = tl.program_id(0)
-    d = tl.arange(0, BLOCK_HALF)[None, :]
-    h = tl.arange(0, BLOCK_H)[:, None]
-    cos = tl.load(COS + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(SIN + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
-    q_ok = (h < HQ) & (d < HALF)
-    q1 = tl.load(Q + t * stride_qt + h * stride_qh + d, mask=q_ok, other=0.0).to(tl.float32)
-    q2 = tl.load(Q + t * stride_qt + h * stride_qh + HALF + d, mask=q_ok, other=0.0).to(tl.float32)
-    qo = QO + t * (HQ * 2 * HALF) + h * (2 * HALF) + d  # rotated q is contiguous [T, HQ, 2*HALF]
-    tl.store(qo, (q1 * cos - q2 * sin).to(QO.dtype.element_ty), mask=q_ok)
-    tl.store(qo + HALF, (q2 * cos + q1 * sin).to(QO.dtype.element_ty), mask=q_ok)
+    h, d, cos, sin = rope_row(COS, SIN, t, stride_c, BLOCK_H, HALF, BLOCK_HALF)
+    # rotated q is contiguous [T, HQ, 2*HALF]
+    rotate_heads(Q + t * stride_qt, QO + t * (HQ * 2 * HALF), cos, sin, stride_qh, 2 * HALF, h, d, HQ, HALF)
     slot = tl.load(SLOTS + t)
     if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
+        dst = slot.to(tl.int64) * stride_cs
+        rotate_heads(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, HK, HALF)
         ok = (h < HK) & (d < HALF)
-        k1 = tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok, other=0.0).to(tl.float32)
-        k2 = tl.load(K + t * stride_kt + h * stride_kh + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
-        tl.store(KC + dst, (k1 * cos - k2 * sin).to(KC.dtype.element_ty), mask=ok)
-        tl.store(KC + dst + HALF, (k2 * cos + k1 * sin).to(KC.dtype.element_ty), mask=ok)
-        tl.store(VC + dst, tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
-        tl.store(VC + dst + HALF, tl.load(V + t * stride_vt + h * stride_vh + HALF + d, mask=ok), mask=ok)
+        for half in tl.static_range(2):
+            src = V + t * stride_vt + h * stride_vh + half * HALF + d
+            tl.store(VC + dst + h * stride_ch + half * HALF + d, tl.load(src, mask=ok), mask=ok)
 
 
 def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

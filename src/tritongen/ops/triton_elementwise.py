@@ -72,13 +72,24 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _rotate_heads(X, O, t, cos, sin, st, sh, h, d, H: tl.constexpr, HALF: tl.constexpr):
+def rotate_heads(X, O, cos, sin, sh_x, sh_o, h, d, H: tl.constexpr, HALF: tl.constexpr):
+    """Rotate heads h < H of one token (halves d < HALF): X and O point at the token's head 0,
+    heads sh_x / sh_o elements apart. Shared with the fused rotary + KV-write kernel."""
     ok = (h < H) & (d < HALF)
-    x1 = tl.load(X + t * st + h * sh + d, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(X + t * st + h * sh + HALF + d, mask=ok, other=0.0).to(tl.float32)
-    base = O + t * (H * 2 * HALF) + h * (2 * HALF) + d  # outputs are contiguous [T, H, 2*HALF]
-    tl.store(base, (x1 * cos - x2 * sin).to(O.dtype.element_ty), mask=ok)
-    tl.store(base + HALF, (x2 * cos + x1 * sin).to(O.dtype.element_ty), mask=ok)
+    x1 = tl.load(X + h * sh_x + d, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(X + h * sh_x + HALF + d, mask=ok, other=0.0).to(tl.float32)
+    tl.store(O + h * sh_o + d, (x1 * cos - x2 * sin).to(O.dtype.element_ty), mask=ok)
+    tl.store(O + h * sh_o + HALF + d, (x2 * cos + x1 * sin).to(O.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def rope_row(COS, SIN, t, stride_c, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """(head index column, half index row, cos, sin) of token t, in float32."""
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    cos = tl.load(COS + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(SIN + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
+    return h, d, cos, sin
 
 
 @triton.jit
@@ -86,12 +97,10 @@ def _rotary_kernel(Q, K, COS, SIN, QO, KO, stride_qt, stride_qh, stride_kt, stri
                    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
                    BLOCK_HALF: tl.constexpr):
     t = tl.program_id(0)
-    d = tl.arange(0, BLOCK_HALF)[None, :]
-    h = tl.arange(0, BLOCK_H)[:, None]
-    cos = tl.load(COS + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(SIN + t * stride_c + d, mask=d < HALF, other=0.0).to(tl.float32)
-    _rotate_heads(Q, QO, t, cos, sin, stride_qt, stride_qh, h, d, HQ, HALF)  # q and k in one launch
-    _rotate_heads(K, KO, t, cos, sin, stride_kt, stride_kh, h, d, HK, HALF)
+    h, d, cos, sin = rope_row(COS, SIN, t, stride_c, BLOCK_H, HALF, BLOCK_HALF)
+    # q and k in one launch; outputs are contiguous [T, H, 2*HALF]
+    rotate_heads(Q + t * stride_qt, QO + t * (HQ * 2 * HALF), cos, sin, stride_qh, 2 * HALF, h, d, HQ, HALF)
+    rotate_heads(K + t * stride_kt, KO + t * (HK * 2 * HALF), cos, sin, stride_kh, 2 * HALF, h, d, HK, HALF)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

@@ -1,0 +1,98 @@
+"""Compile every Triton kernel of tritongen for Hopper (sm_90) down to a cubin, without a GPU:
+Triton's front end, its passes and the ptxas bundled with the triton wheel. Run as a script
+(TRITON_INTERPRET must be unset when the kernels are defined); prints one line per kernel and
+configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.py runs it.
+
+Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
+SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from tritongen.ops import triton_attention as ta  # noqa: E402
+from tritongen.ops import triton_elementwise as te  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+FLOAT_ARGS = {"eps", "scale"}
+INT_ARGS = {"N"}  # a size, though upper-case
+FLOAT32_POINTERS = {"COS", "SIN"}  # rope tables are float32
+INT64_POINTERS = {"SLOTS"}
+INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
+
+
+def signature(kernel, dtype: str, constexprs: dict) -> dict:
+    sig = {}
+    for p in kernel.params:
+        name = p.name
+        if p.is_constexpr:
+            sig[name] = "constexpr"
+        elif name in INT_ARGS:
+            sig[name] = "i32"
+        elif name in FLOAT_ARGS:
+            sig[name] = "fp32"
+        elif name in FLOAT32_POINTERS:
+            sig[name] = "*fp32"
+        elif name in INT64_POINTERS:
+            sig[name] = "*i64"
+        elif name in INT32_POINTERS:
+            sig[name] = "*i32"
+        elif name.isupper():
+            sig[name] = f"*{dtype}"
+        else:  # strides, sizes, window
+            sig[name] = "i32"
+    missing = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
+    assert not missing, f"{kernel.fn.__name__}: no value for {missing}"
+    return sig
+
+
+def configs() -> list[tuple]:
+    """bf16 (what the engine serves in) for every shape; float32 (the GPU correctness tests) and
+    the sliding window for one shape, to keep the CPU compile time of CI down."""
+    out = []
+    for dtype, shapes in (("bf16", ((32, 32, 128), (32, 8, 128), (9, 3, 64))), ("fp32", ((32, 8, 128),))):
+        for hq, hk, d in shapes:
+            bh, half = triton.next_power_of_2(max(hq, hk)), d // 2
+            rope = dict(HQ=hq, HK=hk, BLOCK_H=bh, HALF=half, BLOCK_HALF=triton.next_power_of_2(half))
+            out.append((te._rotary_kernel, dtype, rope))
+            out.append((ta._rotary_write_kv_kernel, dtype, rope))
+            out.append((ta._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
+                                                         HEAD_DIM=d, BLOCK_D=d)))
+            group = hq // hk
+            for block_m in (max(16, triton.next_power_of_2(group)), 64):  # decode, prefill tiles
+                for window in (False, True) if (hq, hk) == (32, 8) else (False,):
+                    out.append((ta._paged_attn_kernel, dtype, dict(
+                        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
+                        USE_WINDOW=window, IEEE=dtype == "fp32")))
+        for hidden in (576, 4096) if dtype == "bf16" else (4096,):
+            block = triton.next_power_of_2(hidden)
+            out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
+            out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
+        out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
+    return out
+
+
+def main() -> int:
+    failed = 0
+    for kernel, dtype, constexprs in configs():
+        label = f"{kernel.fn.__name__} {dtype} {constexprs}"
+        try:
+            src = ASTSource(fn=kernel, signature=signature(kernel, dtype, constexprs), constexprs=constexprs)
+            compiled = triton.compile(src, target=TARGET)
+            size = len(compiled.asm["cubin"])
+            print(f"ok     {label}: cubin {size} bytes", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failed += 1
+            print(f"FAILED {label}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
