@@ -6,9 +6,13 @@ import pytest
 from tritongen import AsyncLLM, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def llm():
+@pytest.fixture(scope="module", params=["sequential", "async"])
+def llm(request):
+    """The CPU loop, and the CUDA default forced on CPU: pipelined with asynchronous scheduling
+    (aborts, failures and early exits then hit requests that have a step running ahead)."""
     engine = AsyncLLM("dummy:tiny-llama", dtype="float32", device="cpu")
+    if request.param == "async":
+        engine.engine.pipelined = engine.engine.async_scheduling = True
     yield engine
     engine.shutdown()
 
