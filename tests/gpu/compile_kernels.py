@@ -19,10 +19,12 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
+from tritongen.ops import triton_gemv as tg  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
 INT_ARGS = {"N"}  # a size, though upper-case
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K"}}  # per kernel: upper-case sizes (K is a pointer elsewhere)
 FLOAT32_POINTERS = {"COS", "SIN"}  # rope tables are float32
 INT64_POINTERS = {"SLOTS"}
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
@@ -34,7 +36,7 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
         name = p.name
         if p.is_constexpr:
             sig[name] = "constexpr"
-        elif name in INT_ARGS:
+        elif name in INT_ARGS or name in SIZES.get(kernel.fn.__name__, ()):
             sig[name] = "i32"
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"
@@ -76,6 +78,9 @@ def configs() -> list[tuple]:
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
+        for block_n, block_k in ((16, 256), (32, 256), (64, 128)) if dtype == "bf16" else ((32, 128),):
+            out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+                                                            IEEE=dtype == "fp32")))
     return out
 
 

@@ -138,3 +138,23 @@ def test_fused_rotary_and_kv_write_match_the_two_reference_ops(case, dtype):
     torch.testing.assert_close(kv, kv_ref, **tol)
     untouched = kv_ref.view(2, -1, hkv, d)[:, meta.slot_mapping[-1]]
     assert torch.equal(kv.view(2, -1, hkv, d)[:, meta.slot_mapping[-1]], untouched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k", [(1, 96, 64), (3, 200, 300), (16, 64, 1000), (8, 33, 17)])
+def test_skinny_linear_matches_torch(dtype, m, n, k):
+    """Row and column counts that are not multiples of the tiles; float32 accumulation."""
+    from tritongen.ops.triton_gemv import skinny_linear
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype)
+    want = (x.float() @ w.float().T + b.float())
+    got = skinny_linear(x, w, b, block_n=32, block_k=64)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype is torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.float(), want, **tol)
+    with pytest.raises(ValueError, match="M <= 16"):
+        skinny_linear(torch.zeros(17, k, device=DEVICE, dtype=dtype), w)
