@@ -149,18 +149,11 @@ def test_async_scheduling_launches_the_next_decode_before_waiting() -> None:
 
 
 def test_a_request_ended_by_eos_drops_the_token_computed_ahead() -> None:
-    eng, runner = make(AsyncFakeRunner, 64, eos_after={"a": 2})
-    eng.add_request("a", [1, 2, 3], SamplingParams(max_tokens=10, temperature=0))
-    eng.add_request("b", [4, 5, 6, 7], SamplingParams(max_tokens=6, temperature=0))
-    final = {}
-    while eng.has_unfinished():
-        final.update((o.request_id, o) for o in eng.step() if o.finished)
-    ref, _ = make(FakeRunner, 64, eos_after={"a": 2})
-    ref.add_request("a", [1, 2, 3], SamplingParams(max_tokens=10, temperature=0))
-    ref.add_request("b", [4, 5, 6, 7], SamplingParams(max_tokens=6, temperature=0))
-    want = {}
-    while ref.has_unfinished():
-        want.update((o.request_id, o) for o in ref.step() if o.finished)
+    reqs = [("a", [1, 2, 3], SamplingParams(max_tokens=10, temperature=0)),
+            ("b", [4, 5, 6, 7], SamplingParams(max_tokens=6, temperature=0))]
+    eng, _ = make(AsyncFakeRunner, 64, eos_after={"a": 2})
+    final = run(eng, reqs)
+    want = run(make(FakeRunner, 64, eos_after={"a": 2})[0], reqs)
     assert final["a"].token_ids[-1] == EOS and len(final["a"].token_ids) == 3
     for rid in "ab":
         assert (final[rid].token_ids, final[rid].finish_reason) == (want[rid].token_ids, want[rid].finish_reason)
