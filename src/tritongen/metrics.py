@@ -22,6 +22,18 @@ COUNTERS = {
     "tritongen_prompt_tokens_total": "Prompt tokens of finished requests.",
     "tritongen_generation_tokens_total": "Generated tokens of finished requests.",
     "tritongen_request_success_total": "Finished requests, by finish_reason.",
+    "tritongen_num_preemptions_total": "Requests preempted for KV-cache room (blocks freed, recomputed later).",
+    "tritongen_engine_steps_total": "Engine steps (forward passes over the running batch).",
+    "tritongen_engine_prefill_steps_total": "Engine steps that carried prompt tokens (a prefill or a chunk of "
+                                            "one); the decodes batched with them take longer.",
+    "tritongen_engine_steps_ahead_total": "Engine steps launched by asynchronous scheduling before the step "
+                                          "before them finished.",
+}
+ENGINE_COUNTERS = {  # counter <- the engine stats() key it follows
+    "tritongen_num_preemptions_total": "num_preemptions",
+    "tritongen_engine_steps_total": "num_steps",
+    "tritongen_engine_prefill_steps_total": "num_prefill_steps",
+    "tritongen_engine_steps_ahead_total": "num_steps_ahead",
 }
 GAUGES = {
     "tritongen_num_requests_running": "Requests in the running batch.",
@@ -74,8 +86,14 @@ class RequestTimer:
         sink.increment("tritongen_request_success_total", 1, {"finish_reason": out.finish_reason or "abort"})
 
 
-def update_engine_gauges(stats: dict, sink: MetricsSink) -> None:
-    """Gauges from AsyncLLM.stats() / LLM.stats()."""
+def update_engine_gauges(stats: dict, sink: MetricsSink, seen: Optional[dict[str, float]] = None) -> None:
+    """Gauges from AsyncLLM.stats() / LLM.stats(), and the engine's counters advanced by what they
+    grew since the last call (`seen` holds the values already counted; one dict per sink)."""
+    if seen is not None:
+        for name, key in ENGINE_COUNTERS.items():
+            value = stats.get(key, 0)
+            sink.increment(name, max(0, value - seen.get(name, 0)))  # also creates the series at 0
+            seen[name] = value
     sink.set_gauge("tritongen_num_requests_running", stats["num_running"])
     sink.set_gauge("tritongen_num_requests_waiting", stats["num_waiting"])
     total = stats["kv_blocks_total"] or 1

@@ -169,3 +169,14 @@ def test_async_scheduling_can_be_turned_off() -> None:
     while off.has_unfinished():
         off.step()
     assert not any(st.input_from_previous for st in off.runner.steps)
+
+
+def test_engine_counts_its_steps() -> None:
+    eng, runner = make(AsyncFakeRunner, 64)
+    final = run(eng, requests())
+    launched = [st for st in runner.steps if st.seqs]
+    st = eng.stats()
+    assert len(final) == 14 and st["num_steps"] == len(launched)
+    assert st["num_steps_ahead"] == sum(s.input_from_previous for s in launched) > 0
+    with_prompt = sum(any(s.num_new_tokens > 1 or not s.do_sample for s in x.seqs) for x in launched)
+    assert st["num_prefill_steps"] == with_prompt and 0 < with_prompt < len(launched)

@@ -77,6 +77,11 @@ class EngineCore:
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
         self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
+        self.num_steps = 0
+        self.num_prefill_steps = 0
+        """Steps that carried prompt tokens (a prefill or a chunk): the decodes batched with them wait longer."""
+        self.num_steps_ahead = 0
+        """Steps launched by asynchronous scheduling before the step before them finished."""
         self.async_scheduling = (self.pipelined and scheduler_config.async_scheduling
                                  and bool(getattr(runner, "supports_input_from_previous", False)))
         """Pipelined, and the next decode step is launched before the one in flight is done, fed
@@ -143,6 +148,7 @@ class EngineCore:
             if sched.finished_request_ids:
                 self.runner.execute(sched)  # lets the runner drop per-request state
             return outputs
+        self._count(sched)
         model_out = self.runner.execute(sched)
         return outputs + self._emit(self.scheduler.update(sched, model_out))
 
@@ -157,16 +163,23 @@ class EngineCore:
             self._inflight = None
             ahead = self.scheduler.schedule_ahead(sched) if self.async_scheduling else None
             if ahead is not None:
+                self._count(ahead)
                 self._inflight = (ahead, self.runner.launch(ahead))
             updated = self.scheduler.update(sched, result())
             if ahead is not None:
                 return outputs + self._emit(updated)
         sched = self.scheduler.schedule()
         if not sched.is_empty:
+            self._count(sched)
             self._inflight = (sched, self.runner.launch(sched))
         elif sched.finished_request_ids:
             self.runner.execute(sched)  # lets the runner drop per-request state
         return outputs + self._emit(updated)
+
+    def _count(self, sched: SchedulerOutput) -> None:
+        self.num_steps += 1
+        self.num_steps_ahead += sched.input_from_previous
+        self.num_prefill_steps += any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
 
     def _emit(self, updated: list[Sequence]) -> list[RequestOutput]:
         outputs = []
@@ -238,4 +251,7 @@ class EngineCore:
             "kv_cache_usage": bm.usage,
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+            "num_prefill_steps": self.num_prefill_steps,
+            "num_steps_ahead": self.num_steps_ahead,
         }

@@ -125,6 +125,7 @@ class OpenAIServer:
         self.api_key = api_key
         self.max_queue = max_queue
         self.metrics = PrometheusSink(served_model_name)
+        self._counted: dict[str, float] = {}  # engine counters already exported
         self.text_of = serving.TokenText(engine.tokenizer)
 
     # -- checks shared by the generation routes ----------------------------------------------
@@ -307,7 +308,7 @@ class OpenAIServer:
         return error_response(503, "the engine is not running", "server_error", code="engine_unavailable")
 
     async def prometheus(self, request: Request) -> Response:
-        update_engine_gauges(self.engine.stats(), self.metrics)
+        update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         body, content_type = self.metrics.exposition()
         return Response(body, media_type=content_type)
 

@@ -47,6 +47,7 @@ class TritonPythonModel:
         self.batch_dim = config.get("max_batch_size", 0) > 0
         self.engine = AsyncLLM(**engine_kwargs_from_config(config.get("parameters", {})))
         self.metrics = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
@@ -151,6 +152,6 @@ class TritonPythonModel:
 
     def _update_gauges(self) -> None:
         try:
-            update_engine_gauges(self.engine.stats(), self.metrics)
+            update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
