@@ -14,7 +14,10 @@ Fairness: every server starts cold; prefix caching is off unless --enable-prefix
 `llm`, would otherwise find the prompts the gRPC run left cached; with it on, Triton is restarted
 between the two). Before each measured run `--warmup-prompts` other prompts with 16 output tokens
 warm the server (Triton kernels compile on first use). `client_cpu` is this process's CPU seconds
-per second of the run: near 1.0 means the load generator, not the server, set the pace.
+per second of the run: near 1.0 means the load generator, not the server, set the pace. The
+engine's step counters, scraped from the server's metrics before and after each measured run, give
+the share of steps that carried prompt tokens (what stretches TPOT) and of steps launched ahead by
+asynchronous scheduling.
 Dummy Llama-2 shapes have 32000 ids, fewer than the default tokenizer's 49152: without --tokenizer
 they get $TRITONGEN_LLAMA2_TOKENIZER (shipped in the bundle), for both the servers and the prompts.
 """
@@ -42,6 +45,7 @@ from tritongen.netutil import free_ports  # noqa: E402
 
 TARGETS = {"openai": "openai", "triton": "triton-grpc", "bls": "triton-bls"}
 WARMUP_OUTPUT_LEN = 16
+METRICS_SETTLE_S = 2.0
 _T0 = time.monotonic()
 
 
@@ -134,18 +138,53 @@ def run_load(kind: str, url: str, tokenizer, requests: list, args: argparse.Name
     return summary
 
 
-def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, args) -> dict:
+ENGINE_SERIES = ("tritongen_engine_steps_total", "tritongen_engine_prefill_steps_total",
+                 "tritongen_engine_steps_ahead_total", "tritongen_num_preemptions_total")
+
+
+def scrape_engine_counters(metrics_url: str) -> dict[str, float]:
+    """The engine's step counters from a Prometheus text page, summed over label sets."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    out = dict.fromkeys(ENGINE_SERIES, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def engine_mix(before: dict, after: dict) -> dict:
+    """Steps of the measured run: how many, the share with prompt tokens, the share launched ahead."""
+    d = {k: after[k] - before[k] for k in ENGINE_SERIES}
+    steps = d["tritongen_engine_steps_total"]
+    return {"engine_steps": steps, "preemptions": d["tritongen_num_preemptions_total"],
+            "prefill_step_share": d["tritongen_engine_prefill_steps_total"] / steps if steps else None,
+            "ahead_step_share": d["tritongen_engine_steps_ahead_total"] / steps if steps else None}
+
+
+def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, args, metrics_url: str) -> dict:
     if warm:
         s = run_load(kind, url, tokenizer, warm, args)
         log(f"{kind}: warm-up {s['completed']}/{len(warm)} ok in {s['elapsed_time']:.1f} s")
         if not s["completed"]:
             raise RuntimeError(f"every warm-up request failed: {s.get('first_error')}")
+    time.sleep(METRICS_SETTLE_S)  # the frontends export the engine counters on a timer
+    before = scrape_engine_counters(metrics_url)
     log(f"{kind}: {len(requests)} requests at concurrency {args.concurrency}")
     s = run_load(kind, url, tokenizer, requests, args)
+    time.sleep(METRICS_SETTLE_S)
+    s.update(engine_mix(before, scrape_engine_counters(metrics_url)))
     from tritongen.bench.results import format_summary
 
     print(format_summary(s), flush=True)
+    log(f"{kind}: {s['engine_steps']:.0f} engine steps, {_pct(s['prefill_step_share'])} with prompt tokens, "
+        f"{_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions")
     return s
+
+
+def _pct(share) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
 
 
 def row(kind: str, args, summary: dict | None, start_s: float | None, error: str | None = None) -> dict:
@@ -158,7 +197,9 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "num_err": s.get("errors", args.num_prompts if error else 0),
             "output_tok_s": s.get("output_tok_s"), "elapsed_s": s.get("elapsed_time"),
             "concurrency": args.concurrency, "num_prompts": args.num_prompts, "server_start_s": start_s,
-            "client_cpu": s.get("client_cpu"), "error": error or s.get("first_error")}
+            "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
+            "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
+            "preemptions": s.get("preemptions"), "error": error or s.get("first_error")}
 
 
 # -- servers ----------------------------------------------------------------------------------------
@@ -276,16 +317,18 @@ def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, re
     try:
         if server_kind == "openai":
             server.start(args.ready_timeout)
-            urls = {"openai": server.url}
+            urls, metrics_url = {"openai": server.url}, server.url + "/metrics"
         else:
             server.start()
             server.wait_ready(args.ready_timeout)
             urls = {"triton-grpc": server.grpc_url, "triton-bls": "http://" + server.http_url}
+            metrics_url = server.metrics_url
         start_s = time.monotonic() - t
         log(f"{server_kind} server ready in {start_s:.1f} s")
         for kind in kinds:
             try:
-                rows.append(row(kind, args, bench_target(kind, urls[kind], tokenizer, requests, warm, args), start_s))
+                summary = bench_target(kind, urls[kind], tokenizer, requests, warm, args, metrics_url)
+                rows.append(row(kind, args, summary, start_s))
             except Exception as exc:  # one target's failure must not cost the others
                 log(f"{kind} failed: {type(exc).__name__}: {exc}")
                 rows.append(row(kind, args, None, start_s, f"{type(exc).__name__}: {exc}"))
@@ -303,13 +346,14 @@ def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, re
 def format_table(rows: list[dict]) -> str:
     f = lambda v, spec=".1f": "-" if v is None else format(v, spec)  # noqa: E731
     head = f"{'target':<12}{'RPS':>8}{'RPM':>8}{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>8}" \
-           f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}"
+           f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}{'prefill':>9}{'ahead':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['target']:<12}{f(r['rps'], '.2f'):>8}{f(r['rpm'], '.0f'):>8}{f(r['ttft_p50_ms']):>10}"
                      f"{f(r['ttft_p99_ms']):>9}{f(r['tpot_p50_ms'], '.2f'):>10}{f(r['tpot_p99_ms'], '.2f'):>8}"
                      f"{f(r['itl_p50_ms'], '.2f'):>9}{str(r['num_ok']) + '/' + str(r['num_err']):>10}"
-                     f"{f(r['client_cpu'], '.2f'):>8}")
+                     f"{f(r['client_cpu'], '.2f'):>8}{_pct(r.get('prefill_step_share')):>9}"
+                     f"{_pct(r.get('ahead_step_share')):>7}")
     base = next((r["rps"] for r in rows if r["target"] == "openai"), None)
     for kind, goal in (("triton-grpc", 0.98), ("triton-bls", 0.95)):
         rps = next((r["rps"] for r in rows if r["target"] == kind), None)
