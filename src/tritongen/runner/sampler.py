@@ -132,9 +132,9 @@ class Sampler:
         if sum(lengths) == 0:
             return counts.view(len(token_lists), vocab)
         tokens = _h2d(list(itertools.chain.from_iterable(token_lists)), device, torch.int64)
-        row_of = torch.repeat_interleave(
-            torch.arange(len(token_lists), device=device), _h2d(lengths, device, torch.int64)
-        )
+        row_of = torch.repeat_interleave(  # output_size known on the host: no sync to size the output
+            torch.arange(len(token_lists), device=device), _h2d(lengths, device, torch.int64),
+            output_size=sum(lengths))
         # Out-of-range ids (a prompt token beyond a truncated vocab) must not spill into the next row.
         in_range = (tokens < vocab).float()
         counts.scatter_add_(0, row_of * vocab + tokens.clamp_max(vocab - 1), in_range)
