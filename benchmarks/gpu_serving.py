@@ -144,13 +144,15 @@ ENGINE_SERIES = ("tritongen_engine_steps_total", "tritongen_engine_prefill_steps
 
 def scrape_engine_counters(metrics_url: str) -> dict[str, float]:
     """The engine's step counters from a Prometheus text page, summed over label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
     out = dict.fromkeys(ENGINE_SERIES, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in out:
+                out[sample.name] += sample.value
     return out
 
 

@@ -55,6 +55,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
 
     @property
+    def uses_penalties(self) -> bool:
+        """Repetition, presence or frequency penalty: sampling reads the tokens so far."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 

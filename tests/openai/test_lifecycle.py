@@ -1,22 +1,17 @@
 """Client disconnects abort at once and free blocks; auth; 503 when the queue is full."""
 import json
 import socket
-import time
 
 import httpx
 import openai
 import pytest
 
 from oai_helpers import MODEL, ServerThread, make_engine, metric
+from proc_helpers import wait_until
 
 
 def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+    return wait_until(cond, timeout, interval=0.02)
 
 
 def aborted(url):

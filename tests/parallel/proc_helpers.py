@@ -1,5 +1,5 @@
-"""Process checks shared by the tensor-parallel tests here and in tests/triton (every tests
-subdirectory is on sys.path, so this imports by name)."""
+"""Process and polling checks shared by tests in several directories (every tests subdirectory
+is on sys.path, so this imports by name)."""
 from __future__ import annotations
 
 import time
@@ -15,10 +15,10 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.1)
+        time.sleep(interval)
     return predicate()

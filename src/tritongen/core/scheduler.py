@@ -101,7 +101,7 @@ class Scheduler:
             after = seq.num_output_tokens + 1  # output tokens once prev's token is appended
             if after >= p.max_tokens or positions[seq.request_id] + 1 >= self.max_model_len:
                 continue  # prev ends it by length
-            if after == p.min_tokens or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            if after == p.min_tokens or p.uses_penalties:
                 return None
             decode.append((seq, k))
         budget = self.config.max_num_batched_tokens - len(decode)

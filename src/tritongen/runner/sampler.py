@@ -21,10 +21,6 @@ from tritongen.types import SamplingParams, ScheduledSeq, TokenLogprob
 SampleResult = tuple[list[int], list[Optional[TokenLogprob]]]
 
 
-def _uses_penalties(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
 def _min_tokens_active(seq: ScheduledSeq) -> bool:
     return len(seq.output_token_ids) < seq.params.min_tokens
 
@@ -67,7 +63,7 @@ class Sampler:
         raw = logits  # logprobs come from the unmodified distribution, as vLLM returns them
 
         min_tok_rows = [i for i, s in enumerate(seqs) if _min_tokens_active(s)]
-        pen_rows = [i for i, p in enumerate(params) if _uses_penalties(p)]
+        pen_rows = [i for i, p in enumerate(params) if p.uses_penalties]
         if min_tok_rows or pen_rows:
             logits = logits.clone()
             if min_tok_rows:
