@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -142,13 +143,17 @@ ENGINE_SERIES = ("tritongen_engine_steps_total", "tritongen_engine_prefill_steps
                  "tritongen_engine_steps_ahead_total", "tritongen_num_preemptions_total")
 
 
-def scrape_engine_counters(metrics_url: str) -> dict[str, float]:
-    """The engine's step counters from a Prometheus text page, summed over label sets."""
+GAUGE_SERIES = ("tritongen_num_requests_running", "tritongen_num_requests_waiting")
+GAUGE_PERIOD_S = 0.5
+
+
+def scrape_engine_counters(metrics_url: str, series: tuple[str, ...] = ENGINE_SERIES) -> dict[str, float]:
+    """The engine's step counters (or other series) from a Prometheus text page, summed over label sets."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
-    out = dict.fromkeys(ENGINE_SERIES, 0.0)
+    out = dict.fromkeys(series, 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in out:
@@ -174,15 +179,52 @@ def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, arg
     time.sleep(METRICS_SETTLE_S)  # the frontends export the engine counters on a timer
     before = scrape_engine_counters(metrics_url)
     log(f"{kind}: {len(requests)} requests at concurrency {args.concurrency}")
-    s = run_load(kind, url, tokenizer, requests, args)
+    with GaugeSampler(metrics_url) as gauges:
+        s = run_load(kind, url, tokenizer, requests, args)
+    s.update(gauges.means())
     time.sleep(METRICS_SETTLE_S)
     s.update(engine_mix(before, scrape_engine_counters(metrics_url)))
     from tritongen.bench.results import format_summary
 
     print(format_summary(s), flush=True)
     log(f"{kind}: {s['engine_steps']:.0f} engine steps, {_pct(s['prefill_step_share'])} with prompt tokens, "
-        f"{_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions")
+        f"{_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions; "
+        f"requests in the engine: {_f(s.get('engine_running'))} running, {_f(s.get('engine_waiting'))} waiting (mean)")
     return s
+
+
+class GaugeSampler:
+    """Samples the engine's running / waiting gauges every GAUGE_PERIOD_S during a run: with the
+    client's concurrency, they tell where requests wait (engine queue, or before the engine)."""
+
+    def __init__(self, metrics_url: str) -> None:
+        self.url, self.samples = metrics_url, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(GAUGE_PERIOD_S):
+            try:
+                self.samples.append(scrape_engine_counters(self.url, GAUGE_SERIES))
+            except Exception:  # noqa: BLE001 - a missed sample only thins the mean
+                pass
+
+    def __enter__(self) -> "GaugeSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def means(self) -> dict:
+        n = len(self.samples)
+        mean = lambda k: sum(x[k] for x in self.samples) / n if n else None  # noqa: E731
+        return {"engine_running": mean(GAUGE_SERIES[0]), "engine_waiting": mean(GAUGE_SERIES[1])}
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def _pct(share) -> str:
@@ -201,7 +243,8 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "concurrency": args.concurrency, "num_prompts": args.num_prompts, "server_start_s": start_s,
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
             "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
-            "preemptions": s.get("preemptions"), "error": error or s.get("first_error")}
+            "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),
+            "engine_waiting": s.get("engine_waiting"), "error": error or s.get("first_error")}
 
 
 # -- servers ----------------------------------------------------------------------------------------
@@ -348,14 +391,15 @@ def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, re
 def format_table(rows: list[dict]) -> str:
     f = lambda v, spec=".1f": "-" if v is None else format(v, spec)  # noqa: E731
     head = f"{'target':<12}{'RPS':>8}{'RPM':>8}{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>8}" \
-           f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}{'prefill':>9}{'ahead':>7}"
+           f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}{'prefill':>9}{'ahead':>7}{'run':>7}{'wait':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['target']:<12}{f(r['rps'], '.2f'):>8}{f(r['rpm'], '.0f'):>8}{f(r['ttft_p50_ms']):>10}"
                      f"{f(r['ttft_p99_ms']):>9}{f(r['tpot_p50_ms'], '.2f'):>10}{f(r['tpot_p99_ms'], '.2f'):>8}"
                      f"{f(r['itl_p50_ms'], '.2f'):>9}{str(r['num_ok']) + '/' + str(r['num_err']):>10}"
                      f"{f(r['client_cpu'], '.2f'):>8}{_pct(r.get('prefill_step_share')):>9}"
-                     f"{_pct(r.get('ahead_step_share')):>7}")
+                     f"{_pct(r.get('ahead_step_share')):>7}{_f(r.get('engine_running')):>7}"
+                     f"{_f(r.get('engine_waiting')):>6}")
     base = next((r["rps"] for r in rows if r["target"] == "openai"), None)
     for kind, goal in (("triton-grpc", 0.98), ("triton-bls", 0.95)):
         rps = next((r["rps"] for r in rows if r["target"] == kind), None)

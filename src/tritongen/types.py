@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -150,6 +150,16 @@ class RequestOutput:
     def num_output_tokens(self) -> int:
         return len(self.token_ids)
 
+
+def merge_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
+    """One output for two consecutive steps of a request: newer's state, both steps' deltas."""
+    if older.request_id != newer.request_id:
+        raise ValueError(f"cannot merge outputs of {older.request_id!r} and {newer.request_id!r}")
+    logprobs = None
+    if older.delta_logprobs is not None or newer.delta_logprobs is not None:
+        logprobs = (older.delta_logprobs or []) + (newer.delta_logprobs or [])
+    return replace(newer, delta_text=older.delta_text + newer.delta_text,
+                   delta_token_ids=older.delta_token_ids + newer.delta_token_ids, delta_logprobs=logprobs)
 
 @dataclass
 class ScheduledSeq:

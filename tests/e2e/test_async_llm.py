@@ -96,3 +96,25 @@ def test_one_failing_request_does_not_take_down_others(llm):
     bad, good = asyncio.run(run())
     assert bad[-1].finish_reason == "abort" and bad[-1].error
     assert good[-1].finish_reason == "length" and len(good[-1].token_ids) == 5
+
+
+def test_a_consumer_that_falls_behind_gets_merged_deltas(llm):
+    """A caller blocked for a while (a slow response send) reads the steps it missed as one output
+    whose deltas (ids, text, logprobs) add up to the same stream as a caller that keeps up."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    prompt = "Merging deltas"
+    fast = collect(llm, prompt, params)
+
+    async def slow():
+        outs = []
+        async for out in llm.generate(prompt, params):
+            outs.append(out)
+            if len(outs) == 2:
+                await asyncio.sleep(0.3)  # the engine runs on; several steps queue up meanwhile
+        return outs
+
+    outs = asyncio.run(slow())
+    assert max(len(o.delta_token_ids) for o in outs) > 1  # steps were merged
+    assert [t for o in outs for t in o.delta_token_ids] == outs[-1].token_ids == fast[-1].token_ids
+    assert "".join(o.delta_text for o in outs) == outs[-1].text == fast[-1].text
+    assert [lp.token_id for o in outs for lp in o.delta_logprobs] == fast[-1].token_ids

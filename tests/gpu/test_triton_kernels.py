@@ -158,3 +158,32 @@ def test_skinny_linear_matches_torch(dtype, m, n, k):
     torch.testing.assert_close(got.float(), want, **tol)
     with pytest.raises(ValueError, match="M <= 16"):
         skinny_linear(torch.zeros(17, k, device=DEVICE, dtype=dtype), w)
+
+
+def test_decode_linear_picks_a_config_per_shape_and_keeps_leading_dims():
+    """triton_gemv.linear (what kernels.linear calls for decode batches on CUDA) over a [2, 3, K]
+    input with the configuration its rule picks for a narrow and a wide weight."""
+    from tritongen.ops import triton_gemv
+
+    assert triton_gemv.decode_config(4096, 11008)["block_k"] == 256  # down_proj: deep K pipeline
+    assert triton_gemv.decode_config(22016, 4096) == dict(block_n=64, block_k=128, num_warps=4, num_stages=3)
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((48, 160), (160, 48)):
+        x = torch.randn(2, 3, k, generator=g).to(DEVICE)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE)
+        got = triton_gemv.linear(x, w)
+        assert got.shape == (2, 3, n)
+        torch.testing.assert_close(got, x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="dispatch to Triton happens for CUDA tensors only")
+def test_kernels_linear_sends_only_decode_batches_to_triton(monkeypatch):
+    from tritongen.ops import kernels, triton_gemv
+
+    kernels.use_triton(True)
+    calls = []
+    monkeypatch.setattr(triton_gemv, "linear", lambda x, w, b=None: calls.append(x.shape) or torch.nn.functional.linear(x, w, b))
+    w = torch.randn(64, 32, device="cuda")
+    for rows in (1, triton_gemv.MAX_ROWS, triton_gemv.MAX_ROWS + 1, 128):
+        kernels.linear(torch.randn(rows, 32, device="cuda"), w)
+    assert [s[0] for s in calls] == [1, triton_gemv.MAX_ROWS]

@@ -161,6 +161,23 @@ def test_concurrent_requests_match_sequential(triton, reference_llm):
         assert list(pool.map(one, range(16))) == [r.text for r in refs]
 
 
+
+def test_many_concurrent_grpc_streams_add_up(triton, reference_llm):
+    """Responses are sent from a thread pool while a watcher polls for cancellation: 32 streams at
+    once each get deltas (merged when a send was slow) that add up to the reference text, and
+    exactly one FINAL each."""
+    prompts = [f"Stream {i} of many" for i in range(32)]
+    refs = reference_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+
+    def one(i):
+        results, finals = grpc_stream(triton.grpc, "llm", vllm_inputs(prompts[i], True, max_tokens=32, temperature=0,
+                                                                     ignore_eos=True))
+        return "".join(texts(results)), finals
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(one, range(32)))
+    assert got == [(r.text, 1) for r in refs]
+
 def test_bls_serves_requests_concurrently(triton):
     """One llm_bls instance: N slow requests at once take about as long as one, not N times."""
     body = {"text_input": "x", "max_tokens": 40, "temperature": 0, "ignore_eos": True}

@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
-from tritongen.types import RequestOutput, SamplingParams
+from tritongen.types import RequestOutput, SamplingParams, merge_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class AsyncLLM:
 
             engine = create_engine(EngineConfig.from_kwargs(model=model, **kwargs))
         self.engine = engine
+        _set_switch_interval()
         self._commands: "queue.Queue[object]" = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # guards _streams across the caller and engine threads
@@ -99,6 +102,8 @@ class AsyncLLM:
         request_id: Optional[str] = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield one RequestOutput per engine step that produced something; the last is finished.
+        A caller that falls behind gets the steps it has not read yet merged into one output (their
+        deltas joined), so a slow consumer costs one wake-up, not one per step.
 
         Raises ValueError for bad input before anything is queued. Leaving the loop early (break,
         cancellation, client disconnect) aborts the request.
@@ -114,11 +119,18 @@ class AsyncLLM:
             self._streams[request_id] = stream
         self._commands.put(_Add(request_id, ids, params, prompt if isinstance(prompt, str) else None))
         finished = False
+        deferred: Optional[BaseException] = None
         try:
             while True:
-                item = await stream.queue.get()
+                item = deferred or await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                while not item.finished and not stream.queue.empty():  # the caller fell behind
+                    later = stream.queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        deferred = later
+                        break
+                    item = merge_outputs(item, later)
                 finished = item.finished
                 yield item
                 if finished:
@@ -225,6 +237,23 @@ class AsyncLLM:
             ids = list(self._streams)
         for rid in ids:
             self._deliver(rid, exc)
+
+
+SWITCH_INTERVAL_ENV = "TRITONGEN_SWITCH_INTERVAL_S"
+
+
+def _set_switch_interval() -> None:
+    """The engine thread runs Python for much of each step; a thread waiting for the GIL (the
+    caller's event loop, a response sender back from a blocking send) waits up to the interpreter's
+    switch interval (5 ms by default). $TRITONGEN_SWITCH_INTERVAL_S sets it for the process."""
+    raw = os.environ.get(SWITCH_INTERVAL_ENV)
+    if not raw:
+        return
+    try:
+        sys.setswitchinterval(float(raw))
+    except ValueError as exc:
+        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r}: {exc}") from None
+    logger.info("Python thread switch interval: %s s", sys.getswitchinterval())
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

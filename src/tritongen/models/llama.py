@@ -16,6 +16,13 @@ from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, paged_attention, rotary_and_write_kv
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose product dispatches through ops.kernels (a Triton GEMM for decode batches on CUDA)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -60,10 +67,10 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.sliding_window = arch.layer_sliding_window(layer_idx)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
-        self.k_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
-        self.v_proj = nn.Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
+        self.q_proj = Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
+        self.k_proj = Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.v_proj = Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
+        self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_proj_bias)
         self.qkv_proj: nn.Linear | None = None
         """q, k and v stacked into one GEMM by fuse_projections() (GPU); None = separate."""
         self.sizes = (q_size, kv_size, kv_size)
@@ -90,9 +97,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         h, i, bias = arch.hidden_size, arch.intermediate_size, arch.mlp_bias
-        self.gate_proj = nn.Linear(h, i, bias=bias)
-        self.up_proj = nn.Linear(h, i, bias=bias)
-        self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_proj = Linear(h, i, bias=bias)
+        self.up_proj = Linear(h, i, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
         self.gate_up_proj: nn.Linear | None = None
         """gate and up stacked into one GEMM by fuse_projections() (GPU); None = separate."""
 
@@ -151,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.model = LlamaModel(arch)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -199,7 +206,7 @@ _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_a
 def _stack(*linears: nn.Linear) -> nn.Linear:
     first = linears[0]
     out = sum(lin.out_features for lin in linears)
-    fused = nn.Linear(first.in_features, out, bias=first.bias is not None,
+    fused = Linear(first.in_features, out, bias=first.bias is not None,
                       device=first.weight.device, dtype=first.weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([lin.weight for lin in linears]))

@@ -1,22 +1,34 @@
-"""Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul): the reference, or for CUDA tensors
-the Triton kernels once `use_triton(True)` was called (select_attention_backend does it)."""
+"""Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul) and of the
+linear layers: the reference (torch), or for CUDA tensors the Triton kernels once `use_triton(True)`
+was called (select_attention_backend does it). Linear layers take the Triton skinny GEMM only for
+decode-sized inputs (at most triton_gemv.MAX_ROWS rows); larger ones stay on cuBLAS."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+import torch.nn.functional as F
 
 from tritongen.ops import reference
 
 _impl = reference
+_gemv = None
 
 
 def use_triton(enabled: bool) -> None:
-    global _impl
+    global _impl, _gemv
     if enabled:
-        from tritongen.ops import triton_elementwise
+        from tritongen.ops import triton_elementwise, triton_gemv
 
-        _impl = triton_elementwise
+        _impl, _gemv = triton_elementwise, triton_gemv
     else:
-        _impl = reference
+        _impl, _gemv = reference, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if _gemv is not None and x.is_cuda and x.numel() <= _gemv.MAX_ROWS * x.shape[-1]:
+        return _gemv.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritongen.models.arch import ModelArch
-from tritongen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from tritongen.ops import kernels
 
 
 def validate_tensor_parallel(arch: ModelArch, world_size: int) -> None:
@@ -183,7 +184,7 @@ def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
 
 def _empty_linear(in_features: int, out_features: int, like: nn.Linear, bias: bool) -> nn.Linear:
     w = like.weight
-    return nn.Linear(in_features, out_features, bias=bias, device=w.device, dtype=w.dtype)
+    return Linear(in_features, out_features, bias=bias, device=w.device, dtype=w.dtype)
 
 
 def _shard_attention(attn: LlamaAttention, arch: ModelArch, shard: Shard) -> None:
@@ -217,7 +218,7 @@ class RowParallelLinear(nn.Linear):
         self.shard = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.shard.all_reduce(F.linear(x, self.weight))
+        y = self.shard.all_reduce(kernels.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -253,7 +254,7 @@ class ParallelLMHead(nn.Linear):
             self.weight = tied.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = kernels.linear(hidden, self.weight)
         if self.shard.world_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.shard.world_size)]
             dist.all_gather(parts, logits.contiguous(), group=self.shard.group)

@@ -67,7 +67,7 @@ class TritonPythonModel:
         try:
             inner = self._inner_request(request, request_id)
         except codec.InvalidInput as exc:
-            self._final(sender, codec.error_response(self.pb, str(exc)))
+            await loop.run_in_executor(self.pool, self._final, sender, codec.error_response(self.pb, str(exc)))
             return
         self._active[request_id] = (sender, asyncio.current_task())
         job = loop.run_in_executor(self.pool, self._forward, inner, sender)
@@ -81,8 +81,8 @@ class TritonPythonModel:
             logger.exception("forwarding to %s failed", self.target)
             response = codec.error_response(self.pb, f"forwarding to {self.target} failed: {exc}", "INTERNAL")
         finally:
-            self._active.pop(request_id, None)
-        self._final(sender, response)
+            self._active.pop(request_id, None)  # before the FINAL: the watcher must not poll it after
+        await loop.run_in_executor(self.pool, self._final, sender, response)  # a blocking round trip
 
     def _inner_request(self, request, request_id: str):
         pb = self.pb

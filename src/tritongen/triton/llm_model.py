@@ -1,17 +1,23 @@
 """Body of the decoupled `llm` model: one instance hosts an AsyncLLM.
 
 `execute` hands each request to an asyncio loop thread and returns at once; the request's task
-streams engine outputs back through its response sender. Every request ends with exactly one
+streams engine outputs back through its response sender. A send is a blocking round trip to the
+server process, so sends run in a small thread pool: the loop never waits on one, sends of
+different requests overlap, and a request whose previous send is still in flight gets the steps it
+missed merged into its next response (AsyncLLM coalesces them) instead of queueing one per token. Every request ends with exactly one
 response carrying the FINAL flag (data, error, or CANCELLED). A watcher polls the senders for
 cancellation (gRPC stream cancel, client disconnect) and aborts the engine request at once.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import itertools
 import json
 import logging
 from dataclasses import dataclass
+from typing import Optional
 
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec
@@ -22,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.05  # how often cancellation is polled
 _GAUGE_INTERVAL_S = 0.25
+_SENDER_THREADS = 8  # concurrent response sends (each blocks its thread for one IPC round trip)
 
 
 @dataclass
@@ -50,6 +57,7 @@ class TritonPythonModel:
         self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
+        self._senders = concurrent.futures.ThreadPoolExecutor(_SENDER_THREADS, thread_name_prefix="tritongen-send")
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
 
@@ -60,6 +68,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.loop.stop()  # cancels in-flight requests: each aborts its engine request and ends FINAL
+        self._senders.shutdown(wait=True)
         self.engine.shutdown()
 
     # -- one request --------------------------------------------------------------------------
@@ -71,11 +80,11 @@ class TritonPythonModel:
             target = codec.abort_target(request, self.pb)
             parsed = None if target is not None else codec.parse_request(request, self.pb)
         except codec.InvalidInput as exc:
-            self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
+            await self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
             return
         if target is not None:
             await self._abort_by_client_id(target)
-            self._final(sender, self.pb.InferenceResponse(output_tensors=[]))
+            await self._final(sender, self.pb.InferenceResponse(output_tensors=[]))
             return
         client_id = request.request_id()
         request_id = f"{client_id or 'triton'}-{next(self._ids)}"
@@ -85,12 +94,12 @@ class TritonPythonModel:
         except asyncio.CancelledError:
             await self.engine.abort(request_id)  # blocks are free when this returns
             self._update_gauges()
-            self._final(sender, codec.error_response(self.pb, "request cancelled", "CANCELLED", tag))
+            await self._final(sender, codec.error_response(self.pb, "request cancelled", "CANCELLED", tag), request_id)
         except Exception as exc:
             code = codec.error_code_for(exc)
             if code == "INTERNAL":
                 logger.exception("request %s failed", request_id)
-            self._final(sender, codec.error_response(self.pb, str(exc), code, tag))
+            await self._final(sender, codec.error_response(self.pb, str(exc), code, tag), request_id)
         finally:
             self._active.pop(request_id, None)
 
@@ -102,14 +111,15 @@ class TritonPythonModel:
             if out.error:
                 raise RuntimeError(f"engine error: {out.error}")
             if out.finished:
-                self._final(sender, codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim,
-                                                        decode=decode))
+                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
+                await self._final(sender, response, request_id)
                 return
             # A step whose text is held back (split UTF-8 character, possible stop string) still
             # carries tokens: clients counting tokens per response must see it.
             wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
             if parsed.stream and (out.delta_text or (wants_tokens and out.delta_token_ids)):
-                sender.send(codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode))
+                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
+                await self._send(functools.partial(sender.send, response))
 
     async def _abort_by_client_id(self, client_id: str) -> None:
         """Control request from a forwarding model (llm_bls) whose own client cancelled: BLS in
@@ -123,15 +133,21 @@ class TritonPythonModel:
     def _decode(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id])
 
-    def _final(self, sender, response) -> None:
-        flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    async def _send(self, call: functools.partial) -> None:
+        sending = asyncio.get_running_loop().run_in_executor(self._senders, call)
         try:
-            sender.send(response, flags=flag)
-        except Exception:  # e.g. the client is gone; the FINAL flag alone still closes the request
-            try:
-                sender.send(flags=flag)
-            except Exception:
-                logger.debug("could not send the final response", exc_info=True)
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            await asyncio.gather(sending, return_exceptions=True)  # one send at a time per sender
+            raise
+
+    async def _final(self, sender, response, request_id: Optional[str] = None) -> None:
+        if request_id is not None:
+            # Before the FINAL send, not after: the watcher must never poll a closed sender
+            # (python_backend frees its response factory; TRITONBACKEND_ResponseFactoryIsCancelled
+            # then crashes the server).
+            self._active.pop(request_id, None)
+        await self._send(functools.partial(_send_final, sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
     # -- background ---------------------------------------------------------------------------
 
@@ -155,3 +171,13 @@ class TritonPythonModel:
             update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
+
+
+def _send_final(sender, response, flag: int) -> None:
+    try:
+        sender.send(response, flags=flag)
+    except Exception:  # e.g. the client is gone; the FINAL flag alone still closes the request
+        try:
+            sender.send(flags=flag)
+        except Exception:
+            logger.debug("could not send the final response", exc_info=True)
