@@ -78,7 +78,8 @@ def configs() -> list[tuple]:
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
-        for block_n, block_k in ((16, 256), (32, 256), (64, 128)) if dtype == "bf16" else ((32, 128),):
+        tiles = sorted({(c["block_n"], c["block_k"]) for c in tg.CANDIDATES}) if dtype == "bf16" else [(32, 128)]
+        for block_n, block_k in tiles:
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
                                                             IEEE=dtype == "fp32")))
     return out

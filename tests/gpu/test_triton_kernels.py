@@ -160,30 +160,39 @@ def test_skinny_linear_matches_torch(dtype, m, n, k):
         skinny_linear(torch.zeros(17, k, device=DEVICE, dtype=dtype), w)
 
 
-def test_decode_linear_picks_a_config_per_shape_and_keeps_leading_dims():
+def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
     """triton_gemv.linear (what kernels.linear calls for decode batches on CUDA) over a [2, 3, K]
-    input with the configuration its rule picks for a narrow and a wide weight."""
+    input with each candidate configuration, for a narrow and a wide weight."""
     from tritongen.ops import triton_gemv
 
-    assert triton_gemv.decode_config(4096, 11008)["block_k"] == 256  # down_proj: deep K pipeline
-    assert triton_gemv.decode_config(22016, 4096) == dict(block_n=64, block_k=128, num_warps=4, num_stages=3)
     g = torch.Generator().manual_seed(7)
     for n, k in ((48, 160), (160, 48)):
         x = torch.randn(2, 3, k, generator=g).to(DEVICE)
         w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE)
-        got = triton_gemv.linear(x, w)
-        assert got.shape == (2, 3, n)
-        torch.testing.assert_close(got, x @ w.T, atol=1e-4, rtol=1e-4)
+        for cfg in triton_gemv.CANDIDATES:
+            got = triton_gemv.linear(x, w, cfg)
+            assert got.shape == (2, 3, n)
+            torch.testing.assert_close(got, x @ w.T, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="dispatch to Triton happens for CUDA tensors only")
-def test_kernels_linear_sends_only_decode_batches_to_triton(monkeypatch):
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="selection times kernels in CUDA graphs")
+def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     from tritongen.ops import kernels, triton_gemv
 
+    monkeypatch.setattr(triton_gemv, "_choices", {})
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for n, k in ((4096, 4096), (1024, 256))
+               for _ in range(4)]
+    made = triton_gemv.select_kernels(weights)
+    assert set(made) == {(n, k, torch.bfloat16, r) for n, k in ((4096, 4096), (1024, 256)) for r in (1, 8)}
+    assert all(c is None or c in triton_gemv.CANDIDATES for c in made.values())
+
     kernels.use_triton(True)
+    cfg = triton_gemv.CANDIDATES[0]
+    triton_gemv._choices.clear()
+    triton_gemv._choices[(64, 32, torch.float32, 1)] = cfg
     calls = []
-    monkeypatch.setattr(triton_gemv, "linear", lambda x, w, b=None: calls.append(x.shape) or torch.nn.functional.linear(x, w, b))
+    monkeypatch.setattr(triton_gemv, "linear", lambda x, w, c, b=None: calls.append((x.shape[0], c)) or x @ w.T)
     w = torch.randn(64, 32, device="cuda")
-    for rows in (1, triton_gemv.MAX_ROWS, triton_gemv.MAX_ROWS + 1, 128):
+    for rows in (1, 2, triton_gemv.MAX_ROWS + 1):
         kernels.linear(torch.randn(rows, 32, device="cuda"), w)
-    assert [s[0] for s in calls] == [1, triton_gemv.MAX_ROWS]
+    assert calls == [(1, cfg)]  # 2 rows: the 8-row bucket has no choice; 9 rows: always cuBLAS

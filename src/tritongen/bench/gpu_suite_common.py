@@ -136,10 +136,10 @@ class SuiteContext:
     def release(self) -> None:
         """Drop our engine and collect garbage (also what a failed section left behind)."""
         if self._engine is not None:
-            shutdown = getattr(self._engine[1], "shutdown", None)  # newer LLMs own worker processes
-            self._engine = None
-            if shutdown is not None:
-                shutdown()
+            llm, self._engine = self._engine[1], None
+            if hasattr(llm, "shutdown"):  # newer LLMs own worker processes
+                llm.shutdown()
+            del llm  # the last reference (a bound method kept in a local held the whole engine)
         free_memory()
 
     def take_weights(self, model: str) -> tuple[dict, Any]:

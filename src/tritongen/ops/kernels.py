@@ -1,7 +1,8 @@
 """Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul) and of the
 linear layers: the reference (torch), or for CUDA tensors the Triton kernels once `use_triton(True)`
 was called (select_attention_backend does it). Linear layers take the Triton skinny GEMM only for
-decode-sized inputs (at most triton_gemv.MAX_ROWS rows); larger ones stay on cuBLAS."""
+decode-sized inputs (at most triton_gemv.MAX_ROWS rows) of weight shapes where
+triton_gemv.select_kernels measured it faster at load; everything else stays on cuBLAS."""
 from __future__ import annotations
 
 from typing import Optional
@@ -26,8 +27,11 @@ def use_triton(enabled: bool) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    if _gemv is not None and x.is_cuda and x.numel() <= _gemv.MAX_ROWS * x.shape[-1]:
-        return _gemv.linear(x, weight, bias)
+    if _gemv is not None and x.is_cuda:
+        rows = x.numel() // x.shape[-1]
+        cfg = _gemv.config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
+        if cfg is not None:
+            return _gemv.linear(x, weight, cfg, bias)
     return F.linear(x, weight, bias)
 
 

@@ -1,6 +1,7 @@
 """A Triton GEMM for the skinny products of decode (M <= 16 rows against a [N, K] weight):
-y = x @ weight.T (+ bias). ops.kernels.linear sends decode batches of at most MAX_ROWS rows here on
-CUDA (the model's projections and lm_head), everything else to cuBLAS.
+y = x @ weight.T (+ bias). At load, select_kernels times it against cuBLAS on the model's own
+weights per shape and row count; ops.kernels.linear then sends decode batches of at most MAX_ROWS
+rows here where it won, everything else to cuBLAS.
 
 Why: at batch 1 the H200 profile has cuBLAS reaching 3.1-3.3 TB/s on the o_proj and down_proj
 shapes (split-K plus a separate reduce kernel) against 4.1 TB/s on gate_up; the GEMMs are 3.6 of
@@ -8,16 +9,21 @@ the 4.3 ms of kernels per 7B step. Here each program owns BLOCK_N output columns
 [BLOCK_N, K] slab of the weight once (the only traffic that matters), with tl.dot on a 16-row
 tile of x (rows past M are masked zeros). No split-K, so no second kernel; BLOCK_N sets how many
 programs share the weight (N / BLOCK_N). benchmarks/gemv_probe.py times it against F.linear for
-the Llama shapes, per configuration and for the configuration `decode_config` picks. On the H200
-(docs/benchmarks.md) it beat cuBLAS by 3-13% at 1 row and 0-8% at 8 rows on every 7B/13B shape.
+the Llama shapes, per configuration. On the H200 (docs/benchmarks.md) the best configuration beat
+cuBLAS by 3-13% at 1 row on the 7B shapes, while a fixed rule lost up to 21% on some 13B and TP=2
+shapes: hence the selection by measurement.
 """
 from __future__ import annotations
 
+import itertools
+import logging
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+
+logger = logging.getLogger(__name__)
 
 BLOCK_M = 16  # tl.dot's smallest tile; decode batches up to 16 rows fit one tile
 MAX_ROWS = 8  # measured wins up to 8 rows (none left at 16 on the 13B shapes)
@@ -66,17 +72,73 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return y if bias is None else y + bias
 
 
-def decode_config(n: int, k: int) -> dict:
-    """Launch configuration for a [N, K] weight, from the H200 probe: wide outputs (qkv, gate_up,
-    lm_head) take 64-column programs and 128-wide K steps; narrow outputs (o_proj, down) take
-    32-column programs (enough of them to fill the SMs) and deeper 256-wide K pipelines."""
-    narrow = n <= k or k >= 8192
-    return dict(block_n=32 if n < 8192 else 64, block_k=256 if narrow else 128, num_warps=4,
-                num_stages=5 if narrow else 3)
+# Candidate launch configurations (block_n, block_k, num_stages), from benchmarks/gemv_probe.py on the
+# H200: the best config of every 7B/13B shape is among them, and none wins everywhere.
+CANDIDATES = [dict(block_n=bn, block_k=bk, num_warps=4, num_stages=st)
+              for bn, (bk, st) in itertools.product((32, 64), ((128, 3), (256, 5)))]
+MIN_GAIN = 0.97  # the skinny kernel must be at least 3% faster than cuBLAS to be used
+_choices: dict[tuple, Optional[dict]] = {}
+"""(N, K, dtype, row bucket) -> launch configuration, or None for cuBLAS. Filled by select_kernels."""
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _bucket(rows: int) -> int:
+    return 1 if rows <= 1 else MAX_ROWS
+
+
+def config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
+    """The configuration select_kernels chose for this weight shape and row count; None: use cuBLAS."""
+    return _choices.get((*weight.shape, weight.dtype, _bucket(rows)))
+
+
+def _time_us(fn, weights: list[torch.Tensor], reps: int = 3) -> float:
+    """Mean microseconds per call of fn over every weight (distinct tensors: little L2 reuse, as in
+    a real step), in a CUDA graph so that launch overhead is left out as it is in decode."""
+    for w in weights:
+        fn(w)  # compile and pick kernels outside the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            fn(w)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (reps * len(weights))
+
+
+@torch.inference_mode()
+def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
+    """Time cuBLAS against each candidate configuration on the model's own weights, per weight shape
+    and row bucket (1, MAX_ROWS), and keep the skinny kernel only where it wins by MIN_GAIN.
+    Called once at load, before CUDA graphs are captured; returns the choices made."""
+    import torch.nn.functional as F
+
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for w in weights:
+        groups.setdefault((*w.shape, w.dtype), []).append(w)
+    made = {}
+    for (n, k, dtype), group in groups.items():
+        for rows in (1, MAX_ROWS):
+            x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
+            cublas = _time_us(lambda w: F.linear(x, w), group)
+            best, best_us = None, cublas * MIN_GAIN
+            for cfg in CANDIDATES:
+                us = _time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
+                if us < best_us:
+                    best, best_us = cfg, us
+            made[(n, k, dtype, rows)] = best
+            logger.info("decode GEMM [%d x %d] %s, %d row(s): cuBLAS %.1f us, %s", n, k, dtype, rows, cublas,
+                        "skinny %.1f us %s" % (best_us, best) if best else "kept")
+    _choices.update(made)
+    return made
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear for x [..., K] with at most MAX_ROWS rows (the caller checks), via skinny_linear."""
     lead = x.shape[:-1]
-    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **decode_config(*weight.shape))
+    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg)
     return y.reshape(*lead, weight.shape[0])

@@ -88,6 +88,8 @@ class ModelRunner:
         self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed) if driver else None
         self._pin = self.device.type == "cuda"
         self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
+        if self.attention_backend == "triton":
+            self._select_decode_gemms()
         max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
                       self.num_blocks * self.block_size)
         self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
@@ -97,6 +99,15 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
                     self.num_blocks * self.bytes_per_block / 2**30, self.device, self.dtype, tokens / max_len, max_len)
+
+    def _select_decode_gemms(self) -> None:
+        """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture)."""
+        from tritongen.ops import triton_gemv
+
+        weights = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
+        made = triton_gemv.select_kernels(weights)
+        logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
+                    sum(c is not None for c in made.values()), len(made))
 
     @property
     def bytes_per_block(self) -> int:
