@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -25,6 +26,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
 INT_ARGS = {"N"}  # a size, though upper-case
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K"}}  # per kernel: upper-case sizes (K is a pointer elsewhere)
+SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN"}  # rope tables are float32
 INT64_POINTERS = {"SLOTS"}
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
@@ -78,22 +80,25 @@ def configs() -> list[tuple]:
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
-        tiles = sorted({(c["block_n"], c["block_k"]) for c in tg.CANDIDATES}) if dtype == "bf16" else [(32, 128)]
-        for block_n, block_k in tiles:
-            out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                                                            IEEE=dtype == "fp32")))
+        for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
+            out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
+                                                            IEEE=dtype == "fp32"),
+                        dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
     return out
 
 
 def main() -> int:
     failed = 0
-    for kernel, dtype, constexprs in configs():
-        label = f"{kernel.fn.__name__} {dtype} {constexprs}"
+    for kernel, dtype, constexprs, *options in configs():
+        opts = options[0] if options else {}
+        label = f"{kernel.fn.__name__} {dtype} {constexprs}{' ' + str(opts) if opts else ''}"
         try:
             src = ASTSource(fn=kernel, signature=signature(kernel, dtype, constexprs), constexprs=constexprs)
-            compiled = triton.compile(src, target=TARGET)
-            size = len(compiled.asm["cubin"])
-            print(f"ok     {label}: cubin {size} bytes", flush=True)
+            compiled = triton.compile(src, target=TARGET, options=opts)
+            size, shared = len(compiled.asm["cubin"]), compiled.metadata.shared
+            if shared > SHARED_MEMORY_LIMIT:  # compiles, but would fail at launch
+                raise RuntimeError(f"needs {shared} bytes of shared memory, sm_90 has {SHARED_MEMORY_LIMIT}")
+            print(f"ok     {label}: cubin {size} bytes, shared {shared}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAILED {label}: {type(exc).__name__}: {str(exc)[:400]}", flush=True)

@@ -169,7 +169,7 @@ def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
     for n, k in ((48, 160), (160, 48)):
         x = torch.randn(2, 3, k, generator=g).to(DEVICE)
         w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE)
-        for cfg in triton_gemv.CANDIDATES:
+        for cfg in triton_gemv.candidates(x.dtype):
             got = triton_gemv.linear(x, w, cfg)
             assert got.shape == (2, 3, n)
             torch.testing.assert_close(got, x @ w.T, atol=1e-4, rtol=1e-4)
@@ -185,6 +185,8 @@ def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     made = triton_gemv.select_kernels(weights)
     assert set(made) == {(n, k, torch.bfloat16, r) for n, k in ((4096, 4096), (1024, 256)) for r in (1, 8)}
     assert all(c is None or c in triton_gemv.CANDIDATES for c in made.values())
+    made32 = triton_gemv.select_kernels([w.float() for w in weights[:2]])  # fits shared memory too
+    assert all(c is None or c in triton_gemv.candidates(torch.float32) for c in made32.values())
 
     kernels.use_triton(True)
     cfg = triton_gemv.CANDIDATES[0]

@@ -81,6 +81,14 @@ _choices: dict[tuple, Optional[dict]] = {}
 """(N, K, dtype, row bucket) -> launch configuration, or None for cuBLAS. Filled by select_kernels."""
 
 
+def candidates(dtype: torch.dtype) -> list[dict]:
+    """CANDIDATES, with 4-byte elements at most 2 pipeline stages (5 stages of a 64 x 256 float32
+    tile need 320 KB of shared memory; an H200 SM has 227 KB)."""
+    if torch.empty((), dtype=dtype).element_size() < 4:
+        return CANDIDATES
+    return [{**c, "num_stages": min(c["num_stages"], 2)} for c in CANDIDATES]
+
+
 def _bucket(rows: int) -> int:
     return 1 if rows <= 1 else MAX_ROWS
 
@@ -126,8 +134,12 @@ def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
             x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
             cublas = _time_us(lambda w: F.linear(x, w), group)
             best, best_us = None, cublas * MIN_GAIN
-            for cfg in CANDIDATES:
-                us = _time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
+            for cfg in candidates(dtype):
+                try:
+                    us = _time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
+                except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on a smaller GPU
+                    logger.debug("skinny GEMM %s on [%d x %d] %s: %s", cfg, n, k, dtype, exc)
+                    continue
                 if us < best_us:
                     best, best_us = cfg, us
             made[(n, k, dtype, rows)] = best

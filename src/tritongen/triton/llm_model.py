@@ -16,6 +16,7 @@ import functools
 import itertools
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,6 +24,7 @@ from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.metric_families import TritonMetricsSink
+from tritongen.types import RequestOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"model {args['model_name']} must be decoupled "
                                                 "(model_transaction_policy { decoupled: true })")
         self.batch_dim = config.get("max_batch_size", 0) > 0
+        self.stream_interval = stream_interval(config.get("parameters", {}))
         self.engine = AsyncLLM(**engine_kwargs_from_config(config.get("parameters", {})))
         self.metrics = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         self._counted: dict[str, float] = {}  # engine counters already exported
@@ -106,18 +109,26 @@ class TritonPythonModel:
     async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender) -> None:
         timer = RequestTimer()
         decode = self._decode if parsed.outputs.logprobs else None
+        wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
+        unsent: Optional[RequestOutput] = None  # streamed deltas held until stream_interval tokens
         async for out in self.engine.generate(parsed.prompt, parsed.params, request_id):
             timer.on_output(out, self.metrics)
             if out.error:
                 raise RuntimeError(f"engine error: {out.error}")
+            if parsed.stream and unsent is not None:
+                out = merge_outputs(unsent, out)
+                unsent = None
             if out.finished:
                 response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
                 await self._final(sender, response, request_id)
                 return
+            if not parsed.stream:
+                continue
+            if len(out.delta_token_ids) < self.stream_interval:
+                unsent = out
             # A step whose text is held back (split UTF-8 character, possible stop string) still
             # carries tokens: clients counting tokens per response must see it.
-            wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
-            if parsed.stream and (out.delta_text or (wants_tokens and out.delta_token_ids)):
+            elif out.delta_text or (wants_tokens and out.delta_token_ids):
                 response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
                 await self._send(functools.partial(sender.send, response))
 
@@ -181,3 +192,22 @@ def _send_final(sender, response, flag: int) -> None:
             sender.send(flags=flag)
         except Exception:
             logger.debug("could not send the final response", exc_info=True)
+
+
+STREAM_INTERVAL_ENV = "TRITONGEN_STREAM_INTERVAL"
+
+
+def stream_interval(parameters: dict) -> int:
+    """Tokens per streamed response (model parameter `stream_interval`, else $TRITONGEN_STREAM_INTERVAL,
+    else 1). Each response costs the stub process Python time under the GIL that the engine thread
+    shares; sending every Nth token (the final response carries the rest) divides that cost by N."""
+    entry = parameters.get("stream_interval")
+    raw = entry.get("string_value", "") if isinstance(entry, dict) else entry
+    raw = raw or os.environ.get(STREAM_INTERVAL_ENV) or "1"
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"stream_interval must be a positive integer, got {raw!r}")
+    return value

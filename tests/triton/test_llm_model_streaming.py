@@ -1,0 +1,78 @@
+"""The llm model's streaming loop against a fake pb_utils and a scripted engine: stream_interval
+groups tokens per response, the final response carries what was held, and sends never run on the
+event loop's thread."""
+import asyncio
+import concurrent.futures
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import fake_pb_utils as pb
+from tritongen.triton import codec, llm_model
+from tritongen.types import RequestOutput
+
+WORDS = ["a", "b", "c", "d", "e", "f", "g"]
+
+
+class NullSink:
+    def observe(self, name, value):
+        pass
+
+    def increment(self, name, value, labels=None):
+        pass
+
+    def set_gauge(self, name, value):
+        pass
+
+
+class ScriptedEngine:
+    async def generate(self, prompt, params, request_id):
+        for i, word in enumerate(WORDS):
+            yield RequestOutput(request_id=request_id, prompt_token_ids=[1], text="".join(WORDS[:i + 1]),
+                                token_ids=list(range(i + 1)), delta_text=word, delta_token_ids=[i],
+                                finish_reason="length" if i == len(WORDS) - 1 else None)
+
+
+class Sender:
+    def __init__(self):
+        self.sent, self.threads = [], set()
+
+    def send(self, response=None, flags=0):
+        self.threads.add(threading.current_thread().name)
+        self.sent.append((response, flags))
+
+
+def run(interval: int):
+    model = llm_model.TritonPythonModel.__new__(llm_model.TritonPythonModel)
+    model.pb, model.engine, model.metrics, model.batch_dim = pb, ScriptedEngine(), NullSink(), False
+    model.stream_interval, model._active = interval, {}
+    model._senders = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tritongen-send")
+    request = pb.InferenceRequest({"text_input": np.array([b"x"], dtype=np.object_), "stream": np.array([True]),
+                                   "sampling_parameters": np.array([json.dumps({"max_tokens": 7}).encode()],
+                                                                   dtype=np.object_)})
+    sender = Sender()
+    asyncio.run(model._generate("r-0", codec.parse_request(request, pb), sender))
+    model._senders.shutdown()
+    texts = [r.get("text_output")[0].decode() for r, _ in sender.sent]
+    finals = [flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL for _, flags in sender.sent]
+    return texts, finals, sender.threads
+
+
+@pytest.mark.parametrize("interval,want", [(1, list("abcdefg")), (3, ["abc", "def", "g"]), (5, ["abcde", "fg"]),
+                                           (10, ["abcdefg"])])
+def test_stream_interval_groups_tokens_and_the_final_carries_the_rest(interval, want):
+    texts, finals, threads = run(interval)
+    assert texts == want
+    assert finals == [False] * (len(want) - 1) + [True]
+    assert all(t.startswith("tritongen-send") for t in threads)  # never the event loop's thread
+
+
+def test_stream_interval_parameter_and_environment(monkeypatch):
+    assert llm_model.stream_interval({}) == 1
+    monkeypatch.setenv(llm_model.STREAM_INTERVAL_ENV, "2")
+    assert llm_model.stream_interval({}) == 2
+    assert llm_model.stream_interval({"stream_interval": {"string_value": "4"}}) == 4
+    with pytest.raises(ValueError, match="stream_interval must be a positive integer, got '0'"):
+        llm_model.stream_interval({"stream_interval": {"string_value": "0"}})
