@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import queue
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
@@ -58,7 +56,6 @@ class AsyncLLM:
 
             engine = create_engine(EngineConfig.from_kwargs(model=model, **kwargs))
         self.engine = engine
-        _set_switch_interval()
         self._commands: "queue.Queue[object]" = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # guards _streams across the caller and engine threads
@@ -237,23 +234,6 @@ class AsyncLLM:
             ids = list(self._streams)
         for rid in ids:
             self._deliver(rid, exc)
-
-
-SWITCH_INTERVAL_ENV = "TRITONGEN_SWITCH_INTERVAL_S"
-
-
-def _set_switch_interval() -> None:
-    """The engine thread runs Python for much of each step; a thread waiting for the GIL (the
-    caller's event loop, a response sender back from a blocking send) waits up to the interpreter's
-    switch interval (5 ms by default). $TRITONGEN_SWITCH_INTERVAL_S sets it for the process."""
-    raw = os.environ.get(SWITCH_INTERVAL_ENV)
-    if not raw:
-        return
-    try:
-        sys.setswitchinterval(float(raw))
-    except ValueError as exc:
-        raise ValueError(f"{SWITCH_INTERVAL_ENV}={raw!r}: {exc}") from None
-    logger.info("Python thread switch interval: %s s", sys.getswitchinterval())
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
