@@ -6,11 +6,12 @@ import pytest
 from tritongen import AsyncLLM, SamplingParams
 
 
-@pytest.fixture(scope="module", params=["sequential", "async"])
+@pytest.fixture(scope="module", params=["sequential", "async", "process"])
 def llm(request):
-    """The CPU loop, and the CUDA default forced on CPU: pipelined with asynchronous scheduling
-    (aborts, failures and early exits then hit requests that have a step running ahead)."""
-    engine = AsyncLLM("dummy:tiny-llama", dtype="float32", device="cpu")
+    """The CPU loop, the CUDA default forced on CPU: pipelined with asynchronous scheduling
+    (aborts, failures and early exits then hit requests that have a step running ahead), and the
+    engine loop in a child process (engine_process=True)."""
+    engine = AsyncLLM("dummy:tiny-llama", dtype="float32", device="cpu", engine_process=request.param == "process")
     if request.param == "async":
         engine.engine.pipelined = engine.engine.async_scheduling = True
     yield engine
@@ -77,6 +78,8 @@ def test_breaking_out_aborts_and_frees_blocks(llm):
 
 
 def test_one_failing_request_does_not_take_down_others(llm):
+    if not hasattr(llm.engine, "detokenizers"):
+        pytest.skip("the detokenizers live in the engine process")
     detoks = llm.engine.detokenizers
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 

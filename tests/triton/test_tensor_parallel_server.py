@@ -1,18 +1,20 @@
-"""The `llm` model with tensor_parallel_size=2 inside a real tritonserver (CPU, gloo): the stub is
-rank 0 and starts one worker process; greedy output equals the in-process TP=1 engine, and the
-worker goes away on unload and on server exit (no orphans)."""
+"""Processes the `llm` model starts inside a real tritonserver (CPU): with tensor_parallel_size=2
+(gloo) the stub is rank 0 and starts one worker process; with engine_process=true it starts the
+engine process. Greedy output equals the in-process engine's, and the child goes away on unload
+and on server exit (no orphans)."""
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from proc_helpers import pid_alive, wait_until
 from triton_helpers import TINY, free_ports, generate, http_post, stub_pids
 
 
-def _children(pid: int) -> list[int]:
-    """PIDs of the processes whose parent is `pid` and that run a tensor-parallel worker."""
+def _children(pid: int, module: bytes = b"tritongen.parallel.worker") -> list[int]:
+    """PIDs of the processes whose parent is `pid` and that run `module`."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -24,13 +26,13 @@ def _children(pid: int) -> list[int]:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"tritongen.parallel.worker" in cmd:
+        if ppid == pid and module in cmd:
             found.append(int(entry))
     return found
 
 
-def _workers(repo) -> list[int]:
-    return [w for stub in stub_pids(repo) for w in _children(stub)]
+def _workers(repo, module: bytes = b"tritongen.parallel.worker") -> list[int]:
+    return [w for stub in stub_pids(repo) for w in _children(stub, module)]
 
 
 def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) -> None:
@@ -73,3 +75,42 @@ def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) ->
         server.stop()
     assert server.process.poll() is not None
     assert wait_until(lambda: not any(pid_alive(w) for w in seen), 30), "worker outlived tritonserver"
+
+
+def test_llm_model_with_an_engine_process(tmp_path, default_model_dir, reference_llm) -> None:
+    from conftest import triton_available
+
+    if not triton_available():
+        pytest.skip("tritonserver (nvidia-pytriton) or tritonclient is not installed")
+    from triton_helpers import grpc_stream, text, texts
+    from tritongen.triton.launcher import TritonServer
+    from tritongen.triton.repo import write_repository
+    from tritongen.types import SamplingParams
+
+    module = b"tritongen.entrypoints.engine_process"
+    repo = write_repository(tmp_path / "repo", {**TINY, "engine_process": True})
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          log_file=tmp_path / "server.log", model_control="explicit",
+                          load_models=["llm", "llm_bls"], exit_timeout_s=30)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        children = _workers(repo, module)
+        assert len(children) == 1, (tmp_path / "server.log").read_text()[-3000:]
+        prompt = "The quick brown fox"
+        expected = reference_llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0].text
+        body = {"text_input": prompt, "max_tokens": 12, "temperature": 0.0, "exclude_input_in_output": True}
+        assert generate(server.http_url, "llm", body)["text_output"] == expected
+        assert generate(server.http_url, "llm_bls", body)["text_output"] == expected
+        results, finals = grpc_stream(server.grpc_url, "llm", {
+            "text_input": text(prompt), "stream": np.array([True]),
+            "sampling_parameters": text('{"max_tokens": 12, "temperature": 0}')})
+        assert "".join(texts(results)) == expected and finals == 1
+
+        status, raw = http_post(server.http_url, "/v2/repository/models/llm/unload", {})
+        assert status == 200, raw
+        assert wait_until(lambda: not any(pid_alive(c) for c in children), 60), "engine process outlived the model"
+    finally:
+        server.stop()
+    assert server.process.poll() is not None

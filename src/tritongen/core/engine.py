@@ -51,6 +51,33 @@ class EngineLimits:
     eos_token_ids: tuple[int, ...]
 
 
+def tokenize(tokenizer: TokenizerLike, limits: EngineLimits, prompt: Prompt) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        ids = list(tokenizer.encode(prompt))
+    else:
+        ids = list(prompt)
+    if not ids:
+        raise ValueError("prompt is empty (no token ids)")
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < limits.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids out of the vocabulary [0, {limits.vocab_size}): {bad[:5]}")
+    return ids
+
+
+def validate(tokenizer: TokenizerLike, limits: EngineLimits, prompt: Prompt, params: SamplingParams) -> list[int]:
+    """A request checked against the model's limits; returns its token ids. Raises ValueError naming
+    the problem. Needs no engine state: also what a process without the engine checks with."""
+    params.validate()
+    ids = tokenize(tokenizer, limits, prompt)
+    if len(ids) >= limits.max_model_len:
+        raise ValueError(
+            f"prompt has {len(ids)} tokens, but max_model_len is {limits.max_model_len} "
+            f"(the prompt must be shorter to leave room for at least one output token)")
+    return ids
+
+
 class EngineCore:
     def __init__(
         self,
@@ -91,29 +118,12 @@ class EngineCore:
     # -- requests -----------------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            ids = list(self.tokenizer.encode(prompt))
-        else:
-            ids = list(prompt)
-        if not ids:
-            raise ValueError("prompt is empty (no token ids)")
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.limits.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids out of the vocabulary [0, {self.limits.vocab_size}): {bad[:5]}")
-        return ids
+        return tokenize(self.tokenizer, self.limits, prompt)
 
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         """Check a request without touching engine state (safe from any thread); returns token ids.
         Raises ValueError naming the problem."""
-        params.validate()
-        ids = self.tokenize(prompt)
-        if len(ids) >= self.limits.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, but max_model_len is {self.limits.max_model_len} "
-                f"(the prompt must be shorter to leave room for at least one output token)")
-        return ids
+        return validate(self.tokenizer, self.limits, prompt, params)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams,
                     prompt_text: Optional[str] = None) -> Sequence:

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional, Union
+from typing import AsyncIterator, Callable, Optional, Union
 
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
@@ -51,19 +51,32 @@ class _Abort:
 
 class AsyncLLM:
     def __init__(self, model: Optional[str] = None, *, engine: Optional[EngineCore] = None, **kwargs) -> None:
-        if engine is None:
-            from tritongen.entrypoints.llm import create_engine
-
-            engine = create_engine(EngineConfig.from_kwargs(model=model, **kwargs))
-        self.engine = engine
-        self._commands: "queue.Queue[object]" = queue.Queue()
+        """kwargs are engine options; engine_process=True runs the engine loop in a child process
+        (entrypoints/engine_process.py) instead of a thread of this one, so that the caller's
+        per-token work and the engine's host work do not share a GIL."""
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # guards _streams across the caller and engine threads
         self._ids = itertools.count()
-        self._stats = engine.stats()
         self._dead: Optional[BaseException] = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tritongen-engine", daemon=True)
+        if kwargs.get("engine_process"):
+            if engine is not None:
+                raise ValueError("engine_process=True builds its own engine; do not pass one")
+            from tritongen.entrypoints.engine_process import RemoteEngine
+
+            self.engine = RemoteEngine({"model": model, **kwargs})
+            self._stats = self.engine.initial_stats
+            self._commands = _Forwarder(self.engine)
+            self._thread = threading.Thread(target=self._run_remote, name="tritongen-engine-reader", daemon=True)
+        else:
+            if engine is None:
+                from tritongen.entrypoints.llm import create_engine
+
+                engine = create_engine(EngineConfig.from_kwargs(model=model, **kwargs))
+            self.engine = engine
+            self._commands = queue.Queue()
+            self._stats = engine.stats()
+            self._thread = threading.Thread(target=self._run, name="tritongen-engine", daemon=True)
         self._thread.start()
 
     @property
@@ -154,29 +167,46 @@ class AsyncLLM:
     # -- engine thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            if not self._drain_commands(block=not self.engine.has_unfinished()):
-                break
-            if not self.engine.has_unfinished():
-                continue
+        run_engine_loop(self.engine, self._drain_commands, self._deliver_step, self._died)
+
+    def _deliver_step(self, outputs: list[RequestOutput], stats: dict) -> None:
+        self._stats = stats
+        self._dispatch(outputs)
+
+    def _died(self, exc: BaseException, why: str = "engine stopped after repeated failures") -> None:
+        self._dead = exc
+        self._fail_streams(EngineDeadError(f"{why}: {exc!r}"))
+
+    def _run_remote(self) -> None:
+        """engine_process: read the child's messages until it exits (its socket closes)."""
+        forward: _Forwarder = self._commands
+        while True:
             try:
-                outputs = self.engine.step()
-                failures = 0
-            except Exception as exc:
-                logger.exception("engine step failed")
-                failures += 1
-                outputs = self.engine.fail_all(exc)
-                if failures >= _MAX_CONSECUTIVE_FAILURES or getattr(exc, "fatal", False):
-                    self._dead = exc
-            self._stats = self.engine.stats()
-            self._dispatch(outputs)
-            if self._dead is not None:
-                self._fail_streams(EngineDeadError(f"engine stopped after repeated failures: {self._dead!r}"))
+                msg = self.engine.conn.recv()
+            except (EOFError, OSError):
+                if not self._stop.is_set():
+                    code = self.engine.exit_code(timeout=5)
+                    self._died(RuntimeError(f"the engine process exited with code {code}"), "engine process exited")
+                return
+            kind = msg[0]
+            if kind == "step":
+                self._stats = msg[2]
+                self._dispatch(forward.outputs(msg[1]))
+            elif kind == "rejected":
+                forward.accumulators.pop(msg[1], None)
+                self._deliver(msg[1], ValueError(msg[2]))
+            elif kind == "aborted":
+                done = forward.acks.pop(msg[1], None)
+                if done is not None:
+                    done.set()
+            elif kind == "dead":
+                self._died(RuntimeError(msg[1]))
                 return
 
     def _drain_commands(self, block: bool) -> bool:
         """Apply queued adds and aborts; False when asked to stop."""
+        if self._stop.is_set():
+            return False
         try:
             cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
@@ -234,6 +264,74 @@ class AsyncLLM:
             ids = list(self._streams)
         for rid in ids:
             self._deliver(rid, exc)
+
+
+def run_engine_loop(engine, drain: Callable[[bool], bool], deliver: Callable[[list[RequestOutput], dict], None],
+                    died: Callable[[BaseException], None]) -> None:
+    """The engine loop (a thread of AsyncLLM, or the engine process): apply commands (waiting for
+    one when idle), step, hand the outputs on; stop when drain() says so or after repeated failures."""
+    failures = 0
+    while True:
+        if not drain(not engine.has_unfinished()):
+            return
+        if not engine.has_unfinished():
+            continue
+        dead: Optional[BaseException] = None
+        try:
+            outputs = engine.step()
+            failures = 0
+        except Exception as exc:
+            logger.exception("engine step failed")
+            failures += 1
+            outputs = engine.fail_all(exc)
+            if failures >= _MAX_CONSECUTIVE_FAILURES or getattr(exc, "fatal", False):
+                dead = exc
+        deliver(outputs, engine.stats())
+        if dead is not None:
+            died(dead)
+            return
+
+
+class _Forwarder:
+    """AsyncLLM's command queue with the engine in a child process: put() sends each command at
+    once; the accumulators rebuild each request's outputs from the child's deltas."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.accumulators: dict[str, object] = {}
+        self.acks: dict[int, threading.Event] = {}
+        self._tokens = itertools.count()
+
+    def put(self, cmd: object) -> None:
+        from tritongen.entrypoints.engine_process import OutputAccumulator
+
+        try:
+            if isinstance(cmd, _Add):
+                self.accumulators[cmd.request_id] = OutputAccumulator(cmd.request_id, cmd.token_ids, cmd.prompt)
+                self.engine.send(("add", cmd.request_id, cmd.token_ids, cmd.params, cmd.prompt))
+            elif isinstance(cmd, _Abort):
+                token = next(self._tokens)
+                if cmd.done is not None:
+                    self.acks[token] = cmd.done
+                self.engine.send(("abort", cmd.request_id, token))
+            elif cmd is None:
+                self.engine.send(("stop",))
+        except OSError as exc:  # the engine process is gone; the reader reports it to every stream
+            if isinstance(cmd, _Add):
+                raise EngineDeadError(f"the engine process is gone: {exc}") from exc
+            if isinstance(cmd, _Abort) and cmd.done is not None:
+                cmd.done.set()  # nothing left to abort
+
+    def outputs(self, deltas: list) -> list[RequestOutput]:
+        outs = []
+        for d in deltas:
+            acc = self.accumulators.get(d.request_id)
+            if acc is None:
+                continue  # rejected, or already finished
+            outs.append(acc.apply(d))
+            if d.finish_reason is not None:
+                del self.accumulators[d.request_id]
+        return outs
 
 
 def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

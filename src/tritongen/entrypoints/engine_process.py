@@ -1,0 +1,246 @@
+"""The engine loop in a process of its own: `AsyncLLM(..., engine_process=True)`.
+
+Why: in one process the engine thread's Python work (scheduling, detokenizing) shares the GIL
+with everything the frontend does per token. Inside Triton's Python stub that frontend work (a
+response, its tensors and a blocking send per token per request) slowed every engine step from
+12.5 to 20.8 ms at concurrency 128 (docs/benchmarks.md, fourth session). Here the child process
+owns the EngineCore (model, KV cache, scheduler, detokenizers); the parent keeps the tokenizer (to
+validate and tokenize in the caller's thread, as before) and a reader thread.
+
+Protocol over one socket pair (multiprocessing Connection, pickled tuples):
+  parent -> child: ("add", request_id, token_ids, params, prompt_text), ("abort", request_id, ack),
+                   ("stop",)
+  child -> parent: ("ready", limits, stats), ("step", [Delta], stats), ("rejected", request_id, message),
+                   ("aborted", ack), ("dead", message)
+A step travels as deltas only (new token ids and text, finish reason, new logprobs): the parent
+rebuilds each RequestOutput's cumulative fields, so a message's size does not grow with the
+length of the outputs. The child exits when the socket closes or its parent goes away.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Optional
+
+from tritongen.core.engine import EngineLimits, Prompt, tokenize, validate
+from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Delta:
+    """What one step adds to one request's output."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+    logprobs: Optional[list[TokenLogprob]]
+    cumulative_logprob: Optional[float]
+    num_cached_tokens: int
+    error: Optional[str]
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
+
+
+def to_delta(out: RequestOutput, first: bool) -> Delta:
+    return Delta(out.request_id, out.delta_token_ids, out.delta_text, out.finish_reason, out.delta_logprobs,
+                 out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None)
+
+
+@dataclass
+class OutputAccumulator:
+    """Parent side of one request: rebuilds cumulative RequestOutputs from the child's deltas."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    prompt: Optional[str]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: Optional[list[TokenLogprob]] = None
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+
+    def apply(self, d: Delta) -> RequestOutput:
+        self.text += d.text
+        self.token_ids = self.token_ids + d.token_ids  # a new list: earlier outputs stay as they were
+        if d.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + d.logprobs
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
+        return RequestOutput(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids, text=self.text,
+                             token_ids=self.token_ids, delta_text=d.text, delta_token_ids=d.token_ids,
+                             finish_reason=d.finish_reason, prompt=self.prompt, logprobs=self.logprobs,
+                             delta_logprobs=d.logprobs, prompt_logprobs=self.prompt_logprobs,
+                             cumulative_logprob=d.cumulative_logprob, num_cached_tokens=d.num_cached_tokens,
+                             error=d.error)
+
+
+class RemoteEngine:
+    """Parent-side stand-in for EngineCore: what frontends read of `AsyncLLM.engine` (tokenizer,
+    limits, tokenize, validate), plus the child process and its connection."""
+
+    def __init__(self, kwargs: dict) -> None:
+        from tritongen.config import EngineConfig
+        from tritongen.entrypoints.llm import _tokenizer_path
+        from tritongen.fetch import resolve_model
+        from tritongen.tokenizer import load_tokenizer
+
+        config = EngineConfig.from_kwargs(**kwargs)  # bad options fail here, before a process starts
+        self.tokenizer = load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
+        self._send_lock = threading.Lock()
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        from tritongen.parallel.executor import python_executable
+
+        fd = child_sock.fileno()
+        self.proc = subprocess.Popen([python_executable(), "-m", "tritongen.entrypoints.engine_process", str(fd)],
+                                     pass_fds=(fd,), env=env, close_fds=True)
+        child_sock.close()
+        self.conn = Connection(parent_sock.detach())
+        self.send(kwargs)
+        self.limits, self.initial_stats = self._wait_ready()
+
+    def _wait_ready(self) -> tuple[EngineLimits, dict]:
+        while not self.conn.poll(1.0):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while loading")
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            self.proc.wait(_STOP_TIMEOUT_S)
+            raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while loading") from None
+        if msg[0] == "dead":
+            self.stop()
+            raise RuntimeError(f"the engine process failed to load: {msg[1]}")
+        return msg[1], msg[2]
+
+    def send(self, msg: Any) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        return tokenize(self.tokenizer, self.limits, prompt)
+
+    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+        return validate(self.tokenizer, self.limits, prompt, params)
+
+    def shutdown(self) -> None:
+        self.stop()
+
+    def exit_code(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """Ask the child to stop, then wait; terminate and kill if it does not. Idempotent."""
+        if self.proc.poll() is None:
+            try:
+                self.send(("stop",))
+            except OSError:
+                pass
+        for end in (None, self.proc.terminate, self.proc.kill):
+            if end is not None:
+                end()
+            try:
+                self.proc.wait(_STOP_TIMEOUT_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.conn.close()
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+class _ChildLoop:
+    def __init__(self, conn: Connection, engine) -> None:
+        self.conn, self.engine = conn, engine
+        self.seen: set[str] = set()  # requests that already sent their first delta
+
+    def run(self) -> None:
+        from tritongen.entrypoints.async_engine import run_engine_loop
+
+        run_engine_loop(self.engine, self.drain, self.dispatch, self.died)
+
+    def drain(self, block: bool) -> bool:
+        """Apply every command waiting (wait up to 0.5 s for one when idle); False on stop."""
+        if not self.conn.poll(0.5 if block else 0):
+            return True
+        while True:
+            try:
+                msg = self.conn.recv()
+            except EOFError:
+                return False  # the parent closed its end or died
+            kind = msg[0]
+            if kind == "stop":
+                return False
+            if kind == "add":
+                _, request_id, ids, params, prompt = msg
+                try:
+                    self.engine.add_request(request_id, ids, params, prompt)
+                except Exception as exc:
+                    self.conn.send(("rejected", request_id, str(exc)))
+            elif kind == "abort":
+                self.engine.abort(msg[1])
+                self.conn.send(("aborted", msg[2]))
+            if not self.conn.poll(0):
+                return True
+
+    def dispatch(self, outputs: list[RequestOutput], stats: dict) -> None:
+        deltas = []
+        for out in outputs:
+            first = out.request_id not in self.seen
+            deltas.append(to_delta(out, first))
+            if out.finished:
+                self.seen.discard(out.request_id)
+            else:
+                self.seen.add(out.request_id)
+        self.conn.send(("step", deltas, stats))
+
+    def died(self, exc: BaseException) -> None:
+        self.conn.send(("dead", repr(exc)))
+
+
+def child_main(fd: int) -> int:
+    from tritongen.entrypoints.llm import create_engine
+    from tritongen.config import EngineConfig
+    from tritongen.parallel.worker import _exit_with_parent
+
+    logging.basicConfig(level=os.environ.get("TRITONGEN_LOG_LEVEL", "WARNING"),
+                        format="[engine process] %(levelname)s %(name)s: %(message)s")
+    _exit_with_parent(os.getppid())
+    conn = Connection(fd)
+    kwargs = conn.recv()
+    try:
+        engine = create_engine(EngineConfig.from_kwargs(**kwargs))
+    except Exception as exc:
+        logger.exception("loading the engine failed")
+        conn.send(("dead", repr(exc)))
+        return 1
+    conn.send(("ready", engine.limits, engine.stats()))
+    try:
+        _ChildLoop(conn, engine).run()
+    finally:
+        engine.shutdown()
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's function: Delta must pickle as tritongen.entrypoints.engine_process.Delta.
+    from tritongen.entrypoints import engine_process
+
+    sys.exit(engine_process.child_main(int(sys.argv[1])))

@@ -1,0 +1,77 @@
+"""AsyncLLM with the engine loop in a child process: outputs equal the in-process engine's,
+deltas rebuild the cumulative fields, a dead child fails every stream, and nothing outlives
+shutdown. (tests/e2e/test_async_llm.py also runs all its stream tests in this mode.)"""
+import asyncio
+import os
+import signal
+
+import pytest
+
+from tritongen import AsyncLLM, SamplingParams
+from tritongen.entrypoints.async_engine import EngineDeadError
+from tritongen.entrypoints.engine_process import Delta, OutputAccumulator
+
+OPTS = dict(dtype="float32", device="cpu", num_blocks=256)
+
+
+def collect(llm, prompt, params):
+    async def run():
+        return [o async for o in llm.generate(prompt, params)]
+    return asyncio.run(run())
+
+
+def test_accumulator_rebuilds_cumulative_fields_from_deltas():
+    acc = OutputAccumulator("r", [1, 2], "Hi")
+    first = acc.apply(Delta("r", [5], "a", None, None, -0.5, 1, None, [None, None]))
+    last = acc.apply(Delta("r", [6, 7], "bc", "length", None, -1.5, 1, None, None))
+    assert (first.token_ids, first.text, first.finished) == ([5], "a", False)
+    assert (last.token_ids, last.text, last.delta_text, last.finish_reason) == ([5, 6, 7], "abc", "bc", "length")
+    assert last.prompt_token_ids == [1, 2] and last.prompt == "Hi" and last.prompt_logprobs == [None, None]
+    assert first.token_ids == [5]  # an earlier output is not changed by later deltas
+
+
+def test_same_outputs_as_the_in_process_engine_and_clean_shutdown():
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    prompts = ["The engine process", [5, 6, 7, 8]]
+    local = AsyncLLM("dummy:tiny-llama", **OPTS)
+    try:
+        want = [collect(local, p, params)[-1] for p in prompts]
+    finally:
+        local.shutdown()
+    remote = AsyncLLM("dummy:tiny-llama", engine_process=True, **OPTS)
+    proc = remote.engine.proc
+    try:
+        got = [collect(remote, p, params)[-1] for p in prompts]
+        assert remote.max_model_len == local.max_model_len
+        assert remote.stats()["kv_blocks_total"] == 256
+    finally:
+        remote.shutdown()
+    assert [(o.token_ids, o.text, o.finish_reason) for o in got] == [(o.token_ids, o.text, o.finish_reason) for o in want]
+    for g, w in zip(got, want):
+        assert [lp.token_id for lp in g.logprobs] == g.token_ids
+        assert [lp.logprob for lp in g.logprobs] == pytest.approx([lp.logprob for lp in w.logprobs], abs=1e-5)
+    assert proc.poll() == 0  # the child exited on its own, cleanly
+
+
+def test_a_dead_engine_process_fails_every_stream():
+    llm = AsyncLLM("dummy:tiny-llama", engine_process=True, **OPTS)
+
+    async def run():
+        gen = llm.generate("a long request", SamplingParams(max_tokens=100000 // 1000, ignore_eos=True))
+        await gen.__anext__()
+        os.kill(llm.engine.proc.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="engine process exited"):
+            async for _ in gen:
+                pass
+    try:
+        asyncio.run(run())
+        assert not llm.is_running
+        with pytest.raises(EngineDeadError):
+            collect(llm, "after", SamplingParams(max_tokens=2))
+    finally:
+        llm.shutdown()
+
+
+def test_a_model_that_cannot_load_is_a_clear_error():
+    with pytest.raises((RuntimeError, ValueError), match="(?i)model|preset|load"):
+        AsyncLLM("dummy:no-such-preset", engine_process=True, **OPTS)
