@@ -29,27 +29,8 @@ CONFIGS = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
            for bn, bk, w, st in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 5))]
 
 
-def _graph_time_us(fn, weights: list[torch.Tensor], reps: int = 40) -> float:
-    for w in weights:
-        fn(w)  # compile / pick the kernel outside the graph
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            fn(weights[i % len(weights)])
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * reps)
-
-
 def main() -> None:
-    from tritongen.ops.triton_gemv import skinny_linear
+    from tritongen.ops.triton_gemv import graph_time_us, skinny_linear
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,4,8,16")
@@ -67,13 +48,13 @@ def main() -> None:
             weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
             for m in rows_list:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-                ref_us = _graph_time_us(lambda w: F.linear(x, w), weights)
+                ref_us = graph_time_us(lambda w: F.linear(x, w), weights)
                 best = None
                 for cfg in CONFIGS:
                     try:
                         got = skinny_linear(x, weights[0], **cfg)
                         torch.testing.assert_close(got.float(), F.linear(x, weights[0]).float(), atol=5e-2, rtol=5e-2)
-                        us = _graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), weights)
+                        us = graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), weights)
                     except Exception as exc:  # noqa: BLE001 - a probe: skip a configuration that fails
                         print(f"    {name} M={m} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
                         continue

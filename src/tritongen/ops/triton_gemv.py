@@ -98,16 +98,18 @@ def config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
     return _choices.get((*weight.shape, weight.dtype, _bucket(rows)))
 
 
-def _time_us(fn, weights: list[torch.Tensor], reps: int = 3) -> float:
-    """Mean microseconds per call of fn over every weight (distinct tensors: little L2 reuse, as in
-    a real step), in a CUDA graph so that launch overhead is left out as it is in decode."""
+def graph_time_us(fn, weights: list[torch.Tensor], min_calls: int = 32, reps: int = 3) -> float:
+    """Mean microseconds of fn(w), captured in a CUDA graph as at least `min_calls` calls cycling
+    through `weights` (distinct tensors defeat L2 as a real step does; the graph leaves launch
+    overhead out, as decode's graphs do)."""
     for w in weights:
         fn(w)  # compile and pick kernels outside the graph
     torch.cuda.synchronize()
+    calls = max(min_calls, len(weights))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for w in weights:
-            fn(w)
+        for i in range(calls):
+            fn(weights[i % len(weights)])
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -115,7 +117,7 @@ def _time_us(fn, weights: list[torch.Tensor], reps: int = 3) -> float:
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (reps * len(weights))
+    return start.elapsed_time(end) * 1000 / (reps * calls)
 
 
 @torch.inference_mode()
@@ -132,11 +134,11 @@ def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
     for (n, k, dtype), group in groups.items():
         for rows in (1, MAX_ROWS):
             x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
-            cublas = _time_us(lambda w: F.linear(x, w), group)
+            cublas = graph_time_us(lambda w: F.linear(x, w), group)
             best, best_us = None, cublas * MIN_GAIN
             for cfg in candidates(dtype):
                 try:
-                    us = _time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
+                    us = graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
                 except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on a smaller GPU
                     logger.debug("skinny GEMM %s on [%d x %d] %s: %s", cfg, n, k, dtype, exc)
                     continue
