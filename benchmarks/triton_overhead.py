@@ -2,7 +2,7 @@
 (b) HTTP /infer to `llm_bls`, (c) AsyncLLM in process; plus 64 concurrent llm_bls requests
 (wall time vs the slowest one). Starts its own tritonserver on free 127.0.0.1 ports.
 
-    python benchmarks/triton_overhead.py [--requests 128] [--concurrency 32] [--max-tokens 16]
+    python benchmarks/triton_overhead.py [--requests 128] [--concurrency 32] [--max-tokens 16] [--engine-process]
 """
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ def http_infer_one(url, max_tokens):
     return one
 
 
-def in_process(n, concurrency, max_tokens):
+def in_process(n, concurrency, max_tokens, opts):
     from tritongen import AsyncLLM, SamplingParams
 
-    llm = AsyncLLM(**OPTS)
+    llm = AsyncLLM(**opts)
 
     async def main():
         sem = asyncio.Semaphore(concurrency)
@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--engine-process", action="store_true",
+                    help="the llm model (and the in-process baseline) run the engine loop in a child process")
     args = ap.parse_args()
     from tritongen.triton.launcher import TritonServer
     from tritongen.triton.repo import write_repository
@@ -112,17 +114,19 @@ def main():
     n, c, m = args.requests, args.concurrency, args.max_tokens
     tmp = tempfile.mkdtemp(prefix="tritongen-bench-")
     http, grpc, metrics = free_ports(3)
-    server = TritonServer(write_repository(Path(tmp) / "repo", OPTS), http_port=http, grpc_port=grpc,
+    opts = {**OPTS, "engine_process": args.engine_process}
+    server = TritonServer(write_repository(Path(tmp) / "repo", opts), http_port=http, grpc_port=grpc,
                           metrics_port=metrics, log_file=Path(tmp) / "server.log")
     with server:
         grpc_stream_one(server.grpc_url, m)(0)  # warm-up
         wall_a, _ = run_pool(grpc_stream_one(server.grpc_url, m), n, c)
         wall_b, _ = run_pool(http_infer_one(server.http_url, m), n, c)
         wall_64, lat_64 = run_pool(http_infer_one(server.http_url, 64), 64, 64)
-    wall_c = in_process(n, c, m)
+    wall_c = in_process(n, c, m, opts)
     rps = {"(a) gRPC stream -> llm": n / wall_a, "(b) HTTP infer -> llm_bls": n / wall_b,
            "(c) AsyncLLM in process": n / wall_c}
-    print(f"{n} requests, concurrency {c}, {m} output tokens each, tiny model, CPU ({os.cpu_count()} cores)")
+    print(f"{n} requests, concurrency {c}, {m} output tokens each, tiny model, CPU ({os.cpu_count()} cores)"
+          f"{', engine process' if args.engine_process else ''}")
     for name, value in rps.items():
         print(f"  {name:28s} {value:7.2f} req/s   ({value / rps['(c) AsyncLLM in process']:.2f} x in-process)")
     print(f"64 concurrent llm_bls requests (64 tokens): wall {wall_64:.2f} s, slowest {max(lat_64):.2f} s, "

@@ -2,6 +2,7 @@
 tensor layouts (vllm_backend and TensorRT-LLM), llm_bls, the ensemble, cancellation, metrics."""
 import concurrent.futures
 import json
+import threading
 import time
 
 import numpy as np
@@ -189,6 +190,28 @@ def test_bls_serves_requests_concurrently(triton):
         list(pool.map(lambda _: generate(triton.http, "llm_bls", body), range(8)))
     assert time.monotonic() - start < 4 * single + 1.0
 
+
+
+def test_bls_puts_more_than_32_requests_in_the_engine_at_once(triton):
+    """python_backend runs each BLS request on a thread of a pool of 32 by default; the launcher
+    raises it, so 48 concurrent llm_bls requests are all in the engine together."""
+    body = {"text_input": "y", "max_tokens": 96, "temperature": 0, "ignore_eos": True}
+    peak, stop = [0.0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], metric(triton.metrics, "tritongen_num_requests_running") or 0.0)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(48) as pool:
+            list(pool.map(lambda _: generate(triton.http, "llm_bls", body), range(48)))
+    finally:
+        stop.set()
+        watcher.join()
+    assert peak[0] > 32
 
 # -- cancellation -----------------------------------------------------------------------------
 

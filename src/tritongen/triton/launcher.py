@@ -110,6 +110,10 @@ def server_env(install: TritonInstall, base: Optional[dict] = None) -> dict[str,
     return env
 
 
+BLS_THREAD_POOL_SIZE = 1024
+"""python_backend's thread-pool-size: how many BLS requests (llm_bls -> llm) can be in flight at once."""
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process. Use as a context manager, or start() / wait_ready() / stop()."""
@@ -151,6 +155,10 @@ class TritonServer:
                f"--exit-timeout-secs={self.exit_timeout_s}", f"--model-control-mode={self.model_control}"]
         if backend_dir is not None:
             cmd.append(f"--backend-directory={backend_dir}")
+        # python_backend runs each BLS request on a thread of a pool of 32 by default, held for the
+        # whole generation: llm_bls then never had more than 32 requests in the engine (H200,
+        # concurrency 128: 29 on average, 0.63x the OpenAI server's RPS).
+        cmd.append(f"--backend-config=python,thread-pool-size={BLS_THREAD_POOL_SIZE}")
         cmd += [f"--load-model={m}" for m in self.load_models]
         return cmd + list(self.extra_args)
 
