@@ -17,6 +17,7 @@ from typing import AsyncIterator, Callable, Optional, Union
 
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
+from tritongen.entrypoints.engine_process import OutputAccumulator, RemoteEngine
 from tritongen.types import RequestOutput, SamplingParams, merge_outputs
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,6 @@ class AsyncLLM:
         if kwargs.get("engine_process"):
             if engine is not None:
                 raise ValueError("engine_process=True builds its own engine; do not pass one")
-            from tritongen.entrypoints.engine_process import RemoteEngine
-
             self.engine = RemoteEngine({"model": model, **kwargs})
             self._stats = self.engine.initial_stats
             self._commands = _Forwarder(self.engine)
@@ -298,13 +297,11 @@ class _Forwarder:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.accumulators: dict[str, object] = {}
+        self.accumulators: dict[str, OutputAccumulator] = {}
         self.acks: dict[int, threading.Event] = {}
         self._tokens = itertools.count()
 
     def put(self, cmd: object) -> None:
-        from tritongen.entrypoints.engine_process import OutputAccumulator
-
         try:
             if isinstance(cmd, _Add):
                 self.accumulators[cmd.request_id] = OutputAccumulator(cmd.request_id, cmd.token_ids, cmd.prompt)

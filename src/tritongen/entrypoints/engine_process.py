@@ -26,10 +26,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Optional
 
 from tritongen.core.engine import EngineLimits, Prompt, tokenize, validate
+from tritongen.parallel.executor import end_process, spawn_module
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -98,14 +98,7 @@ class RemoteEngine:
         self.tokenizer = load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
         self._send_lock = threading.Lock()
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-        from tritongen.parallel.executor import python_executable
-
-        fd = child_sock.fileno()
-        self.proc = subprocess.Popen([python_executable(), "-m", "tritongen.entrypoints.engine_process", str(fd)],
-                                     pass_fds=(fd,), env=env, close_fds=True)
+        self.proc = spawn_module("tritongen.entrypoints.engine_process", child_sock.fileno())
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.send(kwargs)
@@ -121,7 +114,7 @@ class RemoteEngine:
             self.proc.wait(_STOP_TIMEOUT_S)
             raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while loading") from None
         if msg[0] == "dead":
-            self.stop()
+            self.shutdown()
             raise RuntimeError(f"the engine process failed to load: {msg[1]}")
         return msg[1], msg[2]
 
@@ -135,30 +128,20 @@ class RemoteEngine:
     def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
         return validate(self.tokenizer, self.limits, prompt, params)
 
-    def shutdown(self) -> None:
-        self.stop()
-
     def exit_code(self, timeout: float) -> Optional[int]:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
 
-    def stop(self) -> None:
+    def shutdown(self) -> None:
         """Ask the child to stop, then wait; terminate and kill if it does not. Idempotent."""
         if self.proc.poll() is None:
             try:
                 self.send(("stop",))
             except OSError:
                 pass
-        for end in (None, self.proc.terminate, self.proc.kill):
-            if end is not None:
-                end()
-            try:
-                self.proc.wait(_STOP_TIMEOUT_S)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        end_process(self.proc, _STOP_TIMEOUT_S)
         self.conn.close()
 
 

@@ -69,6 +69,27 @@ def python_executable() -> str:
     raise RuntimeError("no Python interpreter found for tensor parallel workers (set PATH to include python3)")
 
 
+def spawn_module(module: str, fd: int) -> subprocess.Popen:
+    """`python -m <module> <fd>` with this tritongen importable and `fd` inherited: how the
+    tensor-parallel workers and the engine process start (no fork, no multiprocessing spawn)."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen([python_executable(), "-m", module, str(fd)], pass_fds=(fd,), env=env, close_fds=True)
+
+
+def end_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait up to `timeout` for proc to exit, then terminate it, then kill it."""
+    for end in (None, proc.terminate, proc.kill):
+        if end is not None:
+            end()
+        try:
+            proc.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 class WorkerLostError(RuntimeError):
     """A tensor-parallel worker died: no later step can run (the AsyncLLM engine stops at once)."""
 
@@ -84,12 +105,8 @@ class _Workers:
 
     def start(self, spec: WorkerSpec) -> None:
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         try:
-            proc = subprocess.Popen([python_executable(), "-m", "tritongen.parallel.worker", str(read_fd)],
-                                    pass_fds=(read_fd,), env=env, close_fds=True)
+            proc = spawn_module("tritongen.parallel.worker", read_fd)
         finally:
             os.close(read_fd)
         conn = Connection(write_fd, readable=False)
@@ -118,14 +135,7 @@ class _Workers:
                 pass
             conn.close()
         for proc in self.procs:
-            for end in (None, proc.terminate, proc.kill):
-                if end is not None:
-                    end()
-                try:
-                    proc.wait(_JOIN_TIMEOUT_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            end_process(proc, _JOIN_TIMEOUT_S)
         self.procs, self.conns = [], []
 
 

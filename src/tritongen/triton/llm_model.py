@@ -4,8 +4,8 @@
 streams engine outputs back through its response sender. A send is a blocking round trip to the
 server process, so sends run in a small thread pool: the loop never waits on one, sends of
 different requests overlap, and a request whose previous send is still in flight gets the steps it
-missed merged into its next response (AsyncLLM coalesces them) instead of queueing one per token. Every request ends with exactly one
-response carrying the FINAL flag (data, error, or CANCELLED). A watcher polls the senders for
+missed merged into its next response (AsyncLLM coalesces them) instead of queueing one per token.
+Every request ends with exactly one response carrying the FINAL flag (data, error, or CANCELLED). A watcher polls the senders for
 cancellation (gRPC stream cancel, client disconnect) and aborts the engine request at once.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.metric_families import TritonMetricsSink
+from tritongen.triton.repo import parameter_value
 from tritongen.types import RequestOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
@@ -201,8 +202,7 @@ def stream_interval(parameters: dict) -> int:
     """Tokens per streamed response (model parameter `stream_interval`, else $TRITONGEN_STREAM_INTERVAL,
     else 1). Each response costs the stub process Python time under the GIL that the engine thread
     shares; sending every Nth token (the final response carries the rest) divides that cost by N."""
-    entry = parameters.get("stream_interval")
-    raw = entry.get("string_value", "") if isinstance(entry, dict) else entry
+    raw = parameter_value(parameters["stream_interval"]) if "stream_interval" in parameters else ""
     raw = raw or os.environ.get(STREAM_INTERVAL_ENV) or "1"
     try:
         value = int(raw)

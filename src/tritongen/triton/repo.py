@@ -50,6 +50,11 @@ def engine_parameters(options: dict) -> dict[str, str]:
     return out
 
 
+def parameter_value(entry: object) -> str:
+    """One config.pbtxt parameter as the model config JSON holds it ({"string_value": "..."}), or a plain value."""
+    return entry.get("string_value", "") if isinstance(entry, dict) else str(entry)
+
+
 def engine_kwargs_from_config(parameters: dict) -> dict:
     """config.pbtxt parameters ({"key": {"string_value": "..."}}) -> engine keyword options.
     Parameters that are not engine options (e.g. llm_model) are ignored."""
@@ -58,7 +63,7 @@ def engine_kwargs_from_config(parameters: dict) -> dict:
     for name, entry in parameters.items():
         if name not in kinds:
             continue
-        raw = entry.get("string_value", "") if isinstance(entry, dict) else str(entry)
+        raw = parameter_value(entry)
         kind = kinds[name]
         try:
             if kind is bool:
