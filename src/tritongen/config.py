@@ -56,9 +56,11 @@ class SchedulerConfig:
 class ParallelConfig:
     tensor_parallel_size: int = 1
     """GPUs (or, on CPU, gloo processes) one model is split over; ranks 1.. run in worker processes."""
-    engine_process: bool = False
+    engine_process: Optional[bool] = None
     """Servers (AsyncLLM): run the engine loop in a child process, so that the frontend's per-token
-    work (Triton responses, SSE chunks) does not share a GIL with the engine's host work."""
+    work (Triton responses, SSE chunks) does not share a GIL with the engine's host work. Unset:
+    on when the engine runs on CUDA (Triton gRPC streaming 0.60 -> 1.01x the OpenAI server's RPS
+    on the H200), off on CPU (no child process to start)."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from tritongen import AsyncLLM, SamplingParams
-from tritongen.entrypoints.async_engine import EngineDeadError
+from tritongen.core.engine import EngineCore
+from tritongen.entrypoints.async_engine import EngineDeadError, wants_engine_process
 from tritongen.entrypoints.engine_process import Delta, OutputAccumulator
 
 OPTS = dict(dtype="float32", device="cpu", num_blocks=256)
@@ -28,6 +29,19 @@ def test_accumulator_rebuilds_cumulative_fields_from_deltas():
     assert (last.token_ids, last.text, last.delta_text, last.finish_reason) == ([5, 6, 7], "abc", "bc", "length")
     assert last.prompt_token_ids == [1, 2] and last.prompt == "Hi" and last.prompt_logprobs == [None, None]
     assert first.token_ids == [5]  # an earlier output is not changed by later deltas
+
+
+def test_engine_process_is_on_by_default_only_for_cuda():
+    import torch
+
+    assert wants_engine_process("cpu") is False
+    assert wants_engine_process("cuda:1") is True
+    assert wants_engine_process("auto") is torch.cuda.is_available()
+    local = AsyncLLM("dummy:tiny-llama", **OPTS)  # engine_process unset, device cpu: a thread
+    try:
+        assert isinstance(local.engine, EngineCore)
+    finally:
+        local.shutdown()
 
 
 def test_same_outputs_as_the_in_process_engine_and_clean_shutdown():

@@ -44,6 +44,17 @@ class _Add:
     prompt: Optional[str]
 
 
+def wants_engine_process(device: Optional[str]) -> bool:
+    """engine_process unset: a child process when the engine will run on CUDA. Only asks whether
+    CUDA exists (no context is created here; the child creates its own)."""
+    device = device or "auto"
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
 @dataclass
 class _Abort:
     request_id: str
@@ -60,7 +71,9 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._dead: Optional[BaseException] = None
         self._stop = threading.Event()
-        if kwargs.get("engine_process"):
+        if kwargs.get("engine_process") is None:
+            kwargs["engine_process"] = engine is None and wants_engine_process(kwargs.get("device", "auto"))
+        if kwargs["engine_process"]:
             if engine is not None:
                 raise ValueError("engine_process=True builds its own engine; do not pass one")
             self.engine = RemoteEngine({"model": model, **kwargs})
