@@ -73,11 +73,16 @@ def _host_breakdown(eng, steps: int) -> str:
         setattr(obj, attr, wrapper)
         return fn
 
-    r = eng.runner
-    originals = [(r, "launch", timed(r, "launch", "launch"))]
+    outer = eng.runner
+    r = getattr(outer, "runner", outer)  # tensor parallel: rank 0's own ModelRunner
+    originals = [(outer, "launch", timed(outer, "launch", "launch"))]
+    workers = getattr(outer, "_workers", None)
+    if workers is not None:
+        originals.append((workers, "send", timed(workers, "send", "  send to workers")))
     if r.graphs is not None:
         originals.append((r.graphs, "run", timed(r.graphs, "run", "  graphs.run")))
-        originals.append((r.graphs.graphs[1], "replay", timed(r.graphs.graphs[1], "replay", "    replay")))
+        if 1 in r.graphs.graphs:
+            originals.append((r.graphs.graphs[1], "replay", timed(r.graphs.graphs[1], "replay", "    replay")))
     originals.append((r.model, "compute_logits", timed(r.model, "compute_logits", "  compute_logits")))
     originals.append((r.sampler, "sample_async", timed(r.sampler, "sample_async", "  sample_async")))
     for attr in ("update", "schedule", "schedule_ahead"):
