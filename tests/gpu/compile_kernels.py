@@ -4,7 +4,8 @@ Triton's front end, its passes and the ptxas bundled with the triton wheel. Run 
 configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.py runs it.
 
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
-SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles.
+SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, and the
+split-decode kernel and its reduce at the largest split count.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ FLOAT_ARGS = {"eps", "scale"}
 INT_ARGS = {"N"}  # a size, though upper-case
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K"}}  # per kernel: upper-case sizes (K is a pointer elsewhere)
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
-FLOAT32_POINTERS = {"COS", "SIN"}  # rope tables are float32
+FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC"}  # rope tables, split-decode scratch
 INT64_POINTERS = {"SLOTS"}
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
 
@@ -75,6 +76,13 @@ def configs() -> list[tuple]:
                     out.append((ta._paged_attn_kernel, dtype, dict(
                         GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
                         USE_WINDOW=window, IEEE=dtype == "fp32")))
+            for window in (False, True) if (hq, hk) == (32, 8) else (False,):  # split decode, most splits
+                out.append((ta._decode_split_kernel, dtype, dict(
+                    GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
+                    BLOCK_N=ta.DECODE_BLOCK_N, PAGE=16, NUM_SPLITS=ta.MAX_SPLITS, USE_WINDOW=window,
+                    IEEE=dtype == "fp32")))
+            out.append((ta._decode_reduce_kernel, dtype, dict(HEAD_DIM=d, BLOCK_D=max(16, d),
+                                                              NUM_SPLITS=ta.MAX_SPLITS)))
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))

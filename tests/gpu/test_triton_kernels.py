@@ -64,6 +64,61 @@ def test_write_and_attention_match_reference(case, dtype):
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
 
 
+SPLIT_CASES = [  # (num_heads, num_kv_heads, head_dim, block_size, [seq_len, ...], window), one query token each
+    (4, 4, 32, 16, [1], None),                   # MHA, batch 1: a single visible key, 15 of 16 splits empty
+    (4, 4, 32, 16, [1000], None),                # every split non-empty, the last one partial (1000 = 15*64 + 40)
+    (4, 1, 32, 16, [1, 70, 333], None),          # GQA 4/1, batch 3: lengths off the page and BLOCK_N grid
+    (4, 2, 64, 8, [130, 5, 1000], None),         # GQA 4/2
+    (9, 3, 64, 16, [33, 200], None),             # group 3: rows padded to 16 for tl.dot
+    (8, 2, 64, 8, [90, 1, 40, 1000], 16),        # sliding window, shorter and longer than the context
+    (4, 2, 32, 16, [700, 61], 100),              # window start off the BLOCK_N grid, splits over the window only
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_decode_matches_reference(case, dtype, monkeypatch):
+    from tritongen.ops import triton_attention as ta
+
+    h, hkv, d, bs, seq_lens, window = case
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    assert ta.decode_splits(len(seq_lens), hkv) > 1
+    monkeypatch.setattr(ta, "_paged_attn_kernel", None)  # the unsplit kernel must not run
+    q, _, _, kv, meta = _random_case(h, hkv, d, bs, [(1, s) for s in seq_lens], dtype)
+    expected = reference.paged_attention_ref(q, kv, meta, d ** -0.5, window)
+    got = ta.paged_attention_triton(q, kv, meta, d ** -0.5, window)
+    tol = 2e-5 if dtype is torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_split_decode_skips_sequences_without_a_query_and_zeroes_empty_contexts():
+    """A sequence with no token this step keeps its (absent) rows untouched; a context of 0 keys
+    (every split empty) gives 0, not NaN."""
+    from tritongen.ops import triton_attention as ta
+
+    q, _, _, kv, meta = _random_case(4, 2, 32, 16, [(1, 40), (0, 20), (1, 5)], torch.float32)
+    got = ta.paged_attention_triton(q, kv, meta, 32 ** -0.5)
+    torch.testing.assert_close(got, reference.paged_attention_ref(q, kv, meta, 32 ** -0.5), atol=2e-5, rtol=2e-5)
+    meta.seq_lens.zero_()
+    assert torch.equal(ta.paged_attention_triton(q, kv, meta, 32 ** -0.5), torch.zeros_like(q))
+
+
+def test_decode_splits_depend_on_the_batch_shape_only():
+    from tritongen.ops.triton_attention import MAX_SPLITS, SPLIT_BELOW_PROGRAMS, decode_splits
+
+    assert decode_splits(1, 32) == 16  # Llama-2-7B batch 1: 512 programs instead of 32
+    assert decode_splits(1, 8) == MAX_SPLITS  # capped
+    assert decode_splits(2, 32) == 8
+    assert decode_splits(3, 30) == 4
+    assert decode_splits(1, SPLIT_BELOW_PROGRAMS - 1) == 4
+    assert decode_splits(4, 32) == decode_splits(1, SPLIT_BELOW_PROGRAMS) == 1  # enough programs unsplit
+    for seqs in range(1, 40):
+        for kv_heads in (1, 2, 3, 8, 32):
+            n = decode_splits(seqs, kv_heads)
+            assert n & (n - 1) == 0 and n <= MAX_SPLITS
+
+
 def test_padding_slots_are_not_written():
     q, k, v, kv, meta = _random_case(4, 4, 32, 16, [(3, 3)], torch.float32)
     before = kv.clone()

@@ -6,6 +6,11 @@ One program handles one sequence, one KV head and a tile of query rows. Rows pac
 group and decode still fills the tensor-core tile with the group's heads. Keys are walked in
 tiles of BLOCK_N slots gathered through the block table, with an online softmax in float32.
 
+Small decode batches (one query token per sequence, few sequences x KV heads) would leave most SMs
+idle with one program per (sequence, KV head), so they split each context into NUM_SPLITS pieces
+("flash-decoding"): one program per (sequence, KV head, split) writes a partial softmax state to
+float32 scratch, and a second kernel combines the splits.
+
 Everything here takes device tensors only (no host lists), so decode steps can be captured in
 CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
 TRITON_INTERPRET=1 these kernels also run (slowly) on the CPU, which is how they are tested
@@ -151,6 +156,140 @@ def _paged_attn_kernel(
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
+# Split-K decode. The split count depends only on the batch shape, never on context lengths: a
+# decode step is captured in a CUDA graph per batch size and replayed with other context lengths.
+SPLIT_BELOW_PROGRAMS = 128  # decode batches with fewer (sequence, KV head) programs than this split
+SPLIT_TARGET_PROGRAMS = 2 * 132  # two waves of programs on the H200's 132 SMs
+MAX_SPLITS = 16  # more pieces would only add reduce work; short contexts leave the extra ones empty
+DECODE_BLOCK_N = 64
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int) -> int:
+    """How many pieces each context of a decode batch is split into (a power of two; 1 = the
+    unsplit kernel): the fewest that give SPLIT_TARGET_PROGRAMS programs, at most MAX_SPLITS."""
+    programs = num_seqs * num_kv_heads
+    if programs >= SPLIT_BELOW_PROGRAMS:
+        return 1
+    splits = 2
+    while splits < MAX_SPLITS and programs * splits < SPLIT_TARGET_PROGRAMS:
+        splits *= 2
+    return splits
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, PART_M, PART_L, PART_ACC, BT, SEQ_LENS, QSL, scale, window,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(QSL + seq)
+    if tl.load(QSL + seq + 1) == q_start:
+        return  # no query token this step; the reduce kernel skips the sequence too
+    seq_len = tl.load(SEQ_LENS + seq)  # the one query sits at seq_len - 1 and sees every key before it
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    # Whole BLOCK_N tiles per split, so short contexts leave the last splits empty, not tiny.
+    base = lo // BLOCK_N * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_len - base, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = base + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    r = tl.arange(0, BLOCK_M)  # rows: the GROUP query heads of this KV head, padded for tl.dot
+    row_ok = r < GROUP
+    head = kvh * GROUP + r
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(Q + q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):  # no iterations for an empty split
+        n = tile + tl.arange(0, BLOCK_N)
+        n_ok = (n < end) & (n >= lo)
+        blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
+        off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            qk = tl.dot(q, tl.trans(k)) * scale
+        qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    # Scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]; an empty split stores m=-inf, l=0, acc=0.
+    part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split
+    tl.store(PART_M + part, m_i, mask=row_ok)
+    tl.store(PART_L + part, l_i, mask=row_ok)
+    tl.store(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _decode_reduce_kernel(PART_M, PART_L, PART_ACC, O, QSL, stride_ot, stride_oh,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(QSL + seq)
+    if tl.load(QSL + seq + 1) == q_start:
+        return
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
+    m = tl.load(PART_M + part)
+    l_part = tl.load(PART_L + part)
+    acc = tl.load(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], mask=d_ok[None, :], other=0.0)
+    m_max = tl.max(m, 0)
+    # Rescale every split to the common max; empty splits (m=-inf) weigh 0, and a context with
+    # no visible key at all (every split empty) gives 0, not NaN.
+    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
+    l_sum = tl.sum(w * l_part, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
+    tl.store(O + q_start.to(tl.int64) * stride_ot + head * stride_oh + d, out.to(O.dtype.element_ty), mask=d_ok)
+
+
+def _decode_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+                            meta: AttentionMetadata, scale: float, sliding_window: Optional[int],
+                            num_splits: int) -> None:
+    """Decode (one query token per sequence) with each context split into num_splits pieces."""
+    num_seqs = meta.seq_lens.shape[0]
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # Fresh scratch each call (a captured graph keeps it in its memory pool); every entry of a
+    # sequence with a query token is written by the split kernel before the reduce reads it.
+    part_ml = torch.empty(2, num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, part_ml[0], part_ml[1], part_acc, meta.block_tables, meta.seq_lens,
+        meta.query_start_loc, scale, sliding_window or 0,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        meta.block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size, NUM_SPLITS=num_splits,
+        USE_WINDOW=bool(sliding_window), IEEE=q.dtype == torch.float32,
+    )
+    _decode_reduce_kernel[(num_seqs, num_heads)](
+        part_ml[0], part_ml[1], part_acc, out, meta.query_start_loc, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+    )
+
+
 def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                            sliding_window: Optional[int] = None) -> torch.Tensor:
     T, num_heads, head_dim = q.shape
@@ -160,11 +299,15 @@ def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attent
     max_q = meta.max_query_len
     if T == 0 or max_q == 0:
         return out
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    splits = decode_splits(meta.seq_lens.shape[0], num_kv_heads) if max_q == 1 else 1
+    if splits > 1:
+        _decode_split_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, splits)
+        return out
     block_m = max(16, triton.next_power_of_2(group))
     if max_q > 1:
         block_m = max(block_m, 64)
     toks = block_m // group
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
