@@ -94,6 +94,40 @@ def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
 
 
 @triton.jit
+def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale,
+                 stride_bt, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+                 USE_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+    """One tile of BLOCK_N key slots (n, gathered through the block table) folded into the online
+    softmax state (m_i, l_i, acc) of q's rows. Visible: slots n_ok; with CAUSAL only keys at or
+    before each row's q_pos, and with USE_WINDOW only the last `window` of those."""
+    blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
+    off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
+    kv_mask = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    else:
+        qk = tl.dot(q, tl.trans(k)) * scale
+    keep = n_ok[None, :]
+    if CAUSAL:
+        keep = (n[None, :] <= q_pos[:, None]) & keep
+        if USE_WINDOW:
+            keep = keep & (n[None, :] > q_pos[:, None] - window)
+    qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_attn_kernel(
     Q, K, V, O, BT, SEQ_LENS, QSL, scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
@@ -128,29 +162,8 @@ def _paged_attn_kernel(
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
-        off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            qk = tl.dot(q, tl.trans(k)) * scale
-        keep = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        if USE_WINDOW:
-            keep = keep & (n[None, :] > q_pos[:, None] - window)
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale,
+                                     stride_bt, stride_kb, stride_ks, stride_kh, PAGE, True, USE_WINDOW, IEEE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(O + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -212,26 +225,9 @@ def _decode_split_kernel(
     for tile in range(start, end, BLOCK_N):  # no iterations for an empty split
         n = tile + tl.arange(0, BLOCK_N)
         n_ok = (n < end) & (n >= lo)
-        blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
-        off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            qk = tl.dot(q, tl.trans(k)) * scale
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        # The window bounds `lo` (n_ok); every key up to the one query is visible.
+        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, seq_len, window, d, d_ok, m_i, l_i, acc,
+                                     scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, IEEE)
     # Scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]; an empty split stores m=-inf, l=0, acc=0.
     part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split
     tl.store(PART_M + part, m_i, mask=row_ok)
