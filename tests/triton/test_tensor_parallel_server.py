@@ -1,7 +1,7 @@
 """Processes the `llm` model starts inside a real tritonserver (CPU): with tensor_parallel_size=2
-(gloo) the stub is rank 0 and starts one worker process; with engine_process=true it starts the
-engine process. Greedy output equals the in-process engine's, and the child goes away on unload
-and on server exit (no orphans)."""
+(gloo) the stub is rank 0 and starts one worker process; with engine_process=true (the default on
+CUDA) it starts the engine process, which is rank 0 and starts the worker. Greedy output equals the
+in-process engine's, and the children go away on unload and on server exit (no orphans)."""
 from __future__ import annotations
 
 import os
@@ -77,7 +77,7 @@ def test_llm_model_with_two_ranks(tmp_path, default_model_dir, reference_llm) ->
     assert wait_until(lambda: not any(pid_alive(w) for w in seen), 30), "worker outlived tritonserver"
 
 
-def test_llm_model_with_an_engine_process(tmp_path, default_model_dir, reference_llm) -> None:
+def test_llm_model_with_an_engine_process_and_two_ranks(tmp_path, default_model_dir, reference_llm) -> None:
     from conftest import triton_available
 
     if not triton_available():
@@ -88,7 +88,7 @@ def test_llm_model_with_an_engine_process(tmp_path, default_model_dir, reference
     from tritongen.types import SamplingParams
 
     module = b"tritongen.entrypoints.engine_process"
-    repo = write_repository(tmp_path / "repo", {**TINY, "engine_process": True})
+    repo = write_repository(tmp_path / "repo", {**TINY, "engine_process": True, "tensor_parallel_size": 2})
     http, grpc, metrics = free_ports(3)
     server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
                           log_file=tmp_path / "server.log", model_control="explicit",
@@ -98,6 +98,8 @@ def test_llm_model_with_an_engine_process(tmp_path, default_model_dir, reference
         server.wait_ready(timeout=300)
         children = _workers(repo, module)
         assert len(children) == 1, (tmp_path / "server.log").read_text()[-3000:]
+        workers = _children(children[0])  # the engine process is rank 0 and starts rank 1
+        assert len(workers) == 1, (tmp_path / "server.log").read_text()[-3000:]
         prompt = "The quick brown fox"
         expected = reference_llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0))[0].text
         body = {"text_input": prompt, "max_tokens": 12, "temperature": 0.0, "exclude_input_in_output": True}
@@ -110,7 +112,17 @@ def test_llm_model_with_an_engine_process(tmp_path, default_model_dir, reference
 
         status, raw = http_post(server.http_url, "/v2/repository/models/llm/unload", {})
         assert status == 200, raw
-        assert wait_until(lambda: not any(pid_alive(c) for c in children), 60), "engine process outlived the model"
+        assert wait_until(lambda: not any(pid_alive(c) for c in children + workers), 60), \
+            "engine process or worker outlived the model"
+
+        status, raw = http_post(server.http_url, "/v2/repository/models/llm/load", {})
+        assert status == 200, raw
+        children = _workers(repo, module)
+        workers = [w for c in children for w in _children(c)]
+        assert len(children) == 1 and len(workers) == 1
+        assert generate(server.http_url, "llm", body)["text_output"] == expected
     finally:
         server.stop()
     assert server.process.poll() is not None
+    assert wait_until(lambda: not any(pid_alive(c) for c in children + workers), 30), \
+        "engine process or worker outlived tritonserver"
