@@ -161,6 +161,7 @@ def merge_outputs(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
     return replace(newer, delta_text=older.delta_text + newer.delta_text,
                    delta_token_ids=older.delta_token_ids + newer.delta_token_ids, delta_logprobs=logprobs)
 
+
 @dataclass
 class ScheduledSeq:
     """One request's share of a step: feed `token_ids` at positions start_pos.. and maybe sample."""

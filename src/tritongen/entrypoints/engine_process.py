@@ -200,11 +200,11 @@ class _ChildLoop:
 def child_main(fd: int) -> int:
     from tritongen.entrypoints.llm import create_engine
     from tritongen.config import EngineConfig
-    from tritongen.parallel.worker import _exit_with_parent
+    from tritongen.parallel.worker import exit_with_parent
 
     logging.basicConfig(level=os.environ.get("TRITONGEN_LOG_LEVEL", "WARNING"),
                         format="[engine process] %(levelname)s %(name)s: %(message)s")
-    _exit_with_parent(os.getppid())
+    exit_with_parent(os.getppid())
     conn = Connection(fd)
     kwargs = conn.recv()
     try:

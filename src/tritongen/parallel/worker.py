@@ -42,7 +42,7 @@ def timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get("TRITONGEN_TP_TIMEOUT_S", "600")))
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """A worker must not outlive rank 0, also when rank 0 is killed while the worker is inside a
     collective (where a closed pipe is not noticed)."""
     def watch() -> None:
@@ -76,7 +76,7 @@ def worker_main(conn: Connection) -> None:
     spec: WorkerSpec = conn.recv()
     rank, world_size, config = spec.rank, spec.world_size, spec.config
     logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
-    _exit_with_parent(spec.parent_pid)
+    exit_with_parent(spec.parent_pid)
     if spec.backend == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
     try:

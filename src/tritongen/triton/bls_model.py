@@ -135,17 +135,7 @@ class TritonPythonModel:
             pass
 
     def _final(self, sender, response) -> None:
-        flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        try:
-            if response is None:
-                sender.send(flags=flag)
-            else:
-                sender.send(response, flags=flag)
-        except Exception:
-            try:
-                sender.send(flags=flag)
-            except Exception:
-                logger.debug("could not send the final response", exc_info=True)
+        codec.send_final(sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     async def _watch(self) -> None:
         while True:

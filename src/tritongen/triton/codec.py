@@ -20,6 +20,7 @@ return_log_probs) is not echoed; exclude_input_in_output always decides when giv
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -27,6 +28,8 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+
+logger = logging.getLogger(__name__)
 
 
 class InvalidInput(ValueError):
@@ -448,6 +451,21 @@ def error_response(pb, message: str, code: str = "INVALID_ARG", tag: bool = Fals
     if tag:
         message = f"[{code}] {message}"
     return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, getattr(pb.TritonError, code)))
+
+
+def send_final(sender, response, flag: int) -> None:
+    """End a request: `response` with the FINAL `flag` (None: the flag alone). If sending the
+    response fails (e.g. the client is gone), the flag alone still closes the request."""
+    try:
+        if response is None:
+            sender.send(flags=flag)
+        else:
+            sender.send(response, flags=flag)
+    except Exception:
+        try:
+            sender.send(flags=flag)
+        except Exception:
+            logger.debug("could not send the final response", exc_info=True)
 
 
 def untag_error(message: str) -> tuple[str, str]:

@@ -5,8 +5,9 @@ streams engine outputs back through its response sender. A send is a blocking ro
 server process, so sends run in a small thread pool: the loop never waits on one, sends of
 different requests overlap, and a request whose previous send is still in flight gets the steps it
 missed merged into its next response (AsyncLLM coalesces them) instead of queueing one per token.
-Every request ends with exactly one response carrying the FINAL flag (data, error, or CANCELLED). A watcher polls the senders for
-cancellation (gRPC stream cancel, client disconnect) and aborts the engine request at once.
+Every request ends with exactly one response carrying the FINAL flag (data, error, or CANCELLED).
+A watcher polls the senders for cancellation (gRPC stream cancel, client disconnect) and aborts
+the engine request at once.
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ class TritonPythonModel:
             # (python_backend frees its response factory; TRITONBACKEND_ResponseFactoryIsCancelled
             # then crashes the server).
             self._active.pop(request_id, None)
-        await self._send(functools.partial(_send_final, sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+        flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        await self._send(functools.partial(codec.send_final, sender, response, flag))
 
     # -- background ---------------------------------------------------------------------------
 
@@ -183,16 +185,6 @@ class TritonPythonModel:
             update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
-
-
-def _send_final(sender, response, flag: int) -> None:
-    try:
-        sender.send(response, flags=flag)
-    except Exception:  # e.g. the client is gone; the FINAL flag alone still closes the request
-        try:
-            sender.send(flags=flag)
-        except Exception:
-            logger.debug("could not send the final response", exc_info=True)
 
 
 STREAM_INTERVAL_ENV = "TRITONGEN_STREAM_INTERVAL"
