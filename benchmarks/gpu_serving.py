@@ -223,8 +223,8 @@ class GaugeSampler:
         return {"engine_running": mean(GAUGE_SERIES[0]), "engine_waiting": mean(GAUGE_SERIES[1])}
 
 
-def _f(v) -> str:
-    return "-" if v is None else f"{v:.1f}"
+def _f(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def _pct(share) -> str:
@@ -389,7 +389,7 @@ def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, re
 
 
 def format_table(rows: list[dict]) -> str:
-    f = lambda v, spec=".1f": "-" if v is None else format(v, spec)  # noqa: E731
+    f = _f
     head = f"{'target':<12}{'RPS':>8}{'RPM':>8}{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>8}" \
            f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}{'prefill':>9}{'ahead':>7}{'run':>7}{'wait':>6}"
     lines = [head, "-" * len(head)]
