@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -51,11 +52,23 @@ def probe(args: argparse.Namespace, tp: int) -> str:
         breakdown = _host_breakdown(eng, args.steps)
         return (f"TP={tp} batch {running}: wall {wall:.3f} ms/step | GPU busy {g['busy_ms']:.3f} ms, of which NCCL "
                 f"{nccl:.3f} ms | idle gaps >=50us {g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step), "
-                f"5-50us {g['gap_5_50us_ms']:.3f} ms\n{breakdown}")
+                f"5-50us {g['gap_5_50us_ms']:.3f} ms, <5us {g['gap_lt5us_ms']:.3f} ms\n"
+                f"{_top_kernels(kernels, args.steps, args.top)}\n{breakdown}")
     finally:
         llm.shutdown()
         del llm, eng
         gc.collect()
+
+
+def _top_kernels(kernels, steps: int, top: int) -> str:
+    """The `top` kernel names by device time per step (name cut to 70 characters)."""
+    spent: Counter = Counter()
+    count: Counter = Counter()
+    for s, e, n in kernels:
+        spent[n[:70]] += e - s
+        count[n[:70]] += 1
+    return "\n".join(f"    {us / steps:8.1f} us/step  {count[n] / steps:6.1f}/step  {n}"
+                     for n, us in spent.most_common(top))
 
 
 def main() -> None:
@@ -67,6 +80,7 @@ def main() -> None:
     ap.add_argument("--warm-steps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--top", type=int, default=12, help="kernel names to list by device time per step")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script (as gap_probe)

@@ -19,6 +19,10 @@ def test_tp2_float32_equals_tp1_on_cuda(enforce_eager: bool) -> None:
         single = one.generate(PROMPTS, GREEDY)
     with LLM("dummy:tiny-llama", tensor_parallel_size=2, **kw) as two:
         assert (two.engine.runner.runner.graphs is None) == enforce_eager
+        # Decode all-reduces go through symmetric memory (parallel.symmetric) in the first engine of
+        # the process, NCCL in later ones (their rendezvous hung): both must agree with TP=1.
+        symmetric = two.engine.runner.runner.shard.symmetric is not None
+        print(f"symmetric-memory all-reduce: {symmetric}")
         split = two.generate(PROMPTS, GREEDY)
     for a, b in zip(single, split):
         assert a.token_ids == b.token_ids

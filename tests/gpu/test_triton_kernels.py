@@ -211,8 +211,13 @@ def test_skinny_linear_matches_torch(dtype, m, n, k):
     got = skinny_linear(x, w, b, block_n=32, block_k=64)
     tol = dict(atol=1e-4, rtol=1e-4) if dtype is torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(got.float(), want, **tol)
+    out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)  # the row-parallel layers' buffer
+    assert skinny_linear(x, w, b, block_n=32, block_k=64, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out.float(), want, **tol)
     with pytest.raises(ValueError, match="M <= 16"):
         skinny_linear(torch.zeros(17, k, device=DEVICE, dtype=dtype), w)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        skinny_linear(x, w, out=out.t() if m > 1 else out[:, :1])
 
 
 def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():

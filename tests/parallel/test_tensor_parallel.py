@@ -101,3 +101,47 @@ def test_shard_model_errors() -> None:
     net.fuse_projections()
     with pytest.raises(ValueError, match="before fuse_projections"):
         shard_model(net, rank=0, world_size=1)
+
+
+def test_symmetric_buffer_views_and_when_it_is_wanted(monkeypatch) -> None:
+    from tritongen.parallel import symmetric
+
+    sym = symmetric.SymmetricAllReduce(torch.zeros(12), "g")
+    assert sym.output(3, 4).shape == (3, 4) and sym.output(3, 4).data_ptr() == sym.buf.data_ptr()
+    assert sym.output(4, 4) is None and sym.output(0, 4) is None  # too large; empty
+    assert not symmetric.wanted(torch.device("cpu"), 2)
+    assert not symmetric.wanted(torch.device("cuda", 0), 1)
+    assert symmetric.wanted(torch.device("cuda", 0), 2)
+    monkeypatch.setenv("TRITONGEN_SYMMETRIC_ALLREDUCE", "0")
+    assert not symmetric.wanted(torch.device("cuda", 0), 2)
+
+
+def test_linear_into_an_output_buffer() -> None:
+    from tritongen.ops import kernels
+
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((3, 8), (5, 8), (5,)))
+    out = torch.full((3, 5), float("nan"))
+    assert kernels.linear(x, w, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, x @ w.T)
+    kernels.linear(x, w, b, out=out)
+    torch.testing.assert_close(out, x @ w.T + b)
+
+
+def test_fused_partial_sums_must_be_reduced_by_the_next_norm() -> None:
+    from tritongen.parallel import symmetric
+
+    hidden = 4
+    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, symmetric.FUSED_MAX_ROWS, hidden))
+    assert sym.output(2, 4).data_ptr() == sym.buf.data_ptr() and sym.output(3, 4) is None  # 8 two-shot elements
+    assert sym.partial(0, symmetric.FUSED_MAX_ROWS + 1, hidden) is None and sym.partial(0, 1, 5) is None
+    first = sym.partial(0, 2, hidden)
+    assert first.shape == (2, hidden) and first.data_ptr() == sym.fused.data_ptr()
+    with pytest.raises(RuntimeError, match="never reduced"):
+        sym.partial(1, 2, hidden)
+    with pytest.raises(RuntimeError, match="another tensor"):
+        sym.is_pending(torch.zeros(2, hidden))
+    assert sym.is_pending(first.view(1, 2, hidden))
+    sym._pending = None
+    second = sym.partial(1, 2, hidden)
+    assert second.data_ptr() == sym.fused[1].data_ptr()

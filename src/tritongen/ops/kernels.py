@@ -26,13 +26,19 @@ def use_triton(enabled: bool) -> None:
         _impl, _gemv = reference, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear; with `out` (x 2-D, out [rows, N] contiguous) the product is written there."""
     if _gemv is not None and x.is_cuda:
         rows = x.numel() // x.shape[-1]
         cfg = _gemv.config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
         if cfg is not None:
-            return _gemv.linear(x, weight, cfg, bias)
-    return F.linear(x, weight, bias)
+            return _gemv.linear(x, weight, cfg, bias, out=out)
+    if out is None:
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -52,8 +52,10 @@ def _skinny_gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                  block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """x [M, K] (M <= 16), weight [N, K] (row-major, as nn.Linear stores it) -> [M, N] in x's dtype."""
+                  block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 4,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] (M <= 16), weight [N, K] (row-major, as nn.Linear stores it) -> [M, N] in x's dtype
+    (written into `out`, contiguous [M, N], when given)."""
     M, K = x.shape
     N, K2 = weight.shape
     if M > BLOCK_M or K != K2:
@@ -63,13 +65,17 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         x = x.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if out is not None and (out.shape != (M, N) or not out.is_contiguous()):
+        raise ValueError(f"skinny_linear: out must be contiguous [{M}, {N}], got {tuple(out.shape)}")
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     if M:
         _skinny_gemm_kernel[(triton.cdiv(N, block_n),)](
             x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
             num_warps=num_warps, num_stages=num_stages)
-    return y if bias is None else y + bias
+    if bias is None:
+        return y
+    return y.add_(bias) if out is not None else y + bias
 
 
 # Candidate launch configurations (block_n, block_k, num_stages), from benchmarks/gemv_probe.py on the
@@ -151,8 +157,9 @@ def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
     return made
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear for x [..., K] with at most MAX_ROWS rows (the caller checks), via skinny_linear."""
     lead = x.shape[:-1]
-    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg)
+    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg, out=out)
     return y.reshape(*lead, weight.shape[0])

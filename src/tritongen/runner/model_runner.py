@@ -16,6 +16,7 @@ from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
 from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
 from tritongen.ops.attention import AttentionMetadata, select_attention_backend
+from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
@@ -90,6 +91,11 @@ class ModelRunner:
         self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
         if self.attention_backend == "triton":
             self._select_decode_gemms()
+        if shard is not None and symmetric.wanted(self.device, shard.world_size):
+            # With the Triton kernels, small batches also fuse the all-reduce into the next RMSNorm.
+            shard.symmetric = symmetric.SymmetricAllReduce.create(
+                shard.world_size, self.dtype, self.device,
+                hidden=self.arch.hidden_size if self.attention_backend == "triton" else 0)
         max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
                       self.num_blocks * self.block_size)
         self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
