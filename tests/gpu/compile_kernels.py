@@ -19,7 +19,6 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
@@ -30,8 +29,8 @@ INT_ARGS = {"N"}  # a size, though upper-case
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K"}}  # per kernel: upper-case sizes (K is a pointer elsewhere)
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC"}  # rope tables, split-decode scratch
-INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
-INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "EPOCH"}
+INT64_POINTERS = {"SLOTS"}
+INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -88,9 +87,6 @@ def configs() -> list[tuple]:
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
-        for rank in (0, 1) if dtype == "bf16" else ():  # TP=2 decode, 13B hidden (5120 -> 8192 block)
-            out.append((tar._allreduce_add_rms_norm_kernel, dtype,
-                        dict(RANK=rank, WORLD=2, MAX_ROWS=32, BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
