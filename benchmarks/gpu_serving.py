@@ -389,15 +389,14 @@ def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, re
 
 
 def format_table(rows: list[dict]) -> str:
-    f = _f
     head = f"{'target':<12}{'RPS':>8}{'RPM':>8}{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>8}" \
            f"{'ITL p50':>9}{'ok/err':>10}{'cli cpu':>8}{'prefill':>9}{'ahead':>7}{'run':>7}{'wait':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['target']:<12}{f(r['rps'], '.2f'):>8}{f(r['rpm'], '.0f'):>8}{f(r['ttft_p50_ms']):>10}"
-                     f"{f(r['ttft_p99_ms']):>9}{f(r['tpot_p50_ms'], '.2f'):>10}{f(r['tpot_p99_ms'], '.2f'):>8}"
-                     f"{f(r['itl_p50_ms'], '.2f'):>9}{str(r['num_ok']) + '/' + str(r['num_err']):>10}"
-                     f"{f(r['client_cpu'], '.2f'):>8}{_pct(r.get('prefill_step_share')):>9}"
+        lines.append(f"{r['target']:<12}{_f(r['rps'], '.2f'):>8}{_f(r['rpm'], '.0f'):>8}{_f(r['ttft_p50_ms']):>10}"
+                     f"{_f(r['ttft_p99_ms']):>9}{_f(r['tpot_p50_ms'], '.2f'):>10}{_f(r['tpot_p99_ms'], '.2f'):>8}"
+                     f"{_f(r['itl_p50_ms'], '.2f'):>9}{str(r['num_ok']) + '/' + str(r['num_err']):>10}"
+                     f"{_f(r['client_cpu'], '.2f'):>8}{_pct(r.get('prefill_step_share')):>9}"
                      f"{_pct(r.get('ahead_step_share')):>7}{_f(r.get('engine_running')):>7}"
                      f"{_f(r.get('engine_waiting')):>6}")
     base = next((r["rps"] for r in rows if r["target"] == "openai"), None)

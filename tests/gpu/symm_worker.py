@@ -19,7 +19,7 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         from tritongen.parallel.symmetric import SymmetricAllReduce
 
         hidden = 5120
-        sym = SymmetricAllReduce.create(world, torch.bfloat16, device)
+        sym = SymmetricAllReduce.create(torch.bfloat16, device)
         assert sym is not None, "symmetric memory unavailable"
         assert sym.output(sym.buf.numel() // hidden + 1, hidden) is None  # too large: NCCL's
         for rows in (1, 3, 256, 512, 1500):

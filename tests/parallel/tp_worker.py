@@ -56,7 +56,6 @@ class BufferAllReduce(SymmetricAllReduce):
         return out
 
 
-
 def build(name: str) -> tuple[torch.nn.Module, ModelArch]:
     """The case's model in float32 on CPU with dummy weights of seed 0 (the same on every rank)."""
     if name in PRESETS:

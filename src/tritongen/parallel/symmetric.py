@@ -48,7 +48,7 @@ class SymmetricAllReduce:
         self.buf, self.group_name = buf, group_name
 
     @classmethod
-    def create(cls, world_size: int, dtype: torch.dtype, device: torch.device) -> Optional["SymmetricAllReduce"]:
+    def create(cls, dtype: torch.dtype, device: torch.device) -> Optional["SymmetricAllReduce"]:
         """Collective over all ranks of the default group; None (NCCL stays) where torch lacks the
         ops or the rendezvous fails: the path is an optimization, never a requirement."""
         if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "two_shot_all_reduce_"):
