@@ -1,10 +1,13 @@
 """Latency of the all-reduce that tensor parallelism issues twice per layer: NCCL against
-PyTorch's symmetric-memory one-shot / two-shot all-reduce (NVLink P2P loads, no multicast), each
-captured in a CUDA graph of `--reps` back-to-back calls, as the decode graphs run them.
+PyTorch's symmetric-memory one-shot / two-shot all-reduce (NVLink P2P loads, no multicast), and
+what follows a row-parallel layer: two-shot + the residual add + RMSNorm kernel against the fused
+all-reduce + add + RMSNorm kernel (parallel.symmetric, ops/triton_allreduce.py). Each is captured
+in a CUDA graph of `--reps` back-to-back calls, as the decode graphs run them.
 
     python3 benchmarks/allreduce_probe.py --hidden 5120 --rows 1,8,32,128,512
 
-Prints microseconds per all-reduce and whether each method gave the right sum.
+Prints microseconds per all-reduce and whether each method gave the right sum (the fused kernel:
+the same residual stream as summing in float32, rounding once and adding).
 """
 from __future__ import annotations
 
@@ -39,6 +42,32 @@ def _time_graph(fn, reps: int, iters: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / (iters * reps)
 
 
+def _norm_cases(sym, x: torch.Tensor, rows: int, hidden: int, group_name: str, buf: torch.Tensor,
+                want: torch.Tensor) -> list:
+    """(name, fn, result) of two-shot + add + RMSNorm and of the fused kernel; results: the residual
+    stream (sum + residual), compared against want + residual."""
+    from tritongen.ops import kernels
+
+    residual = torch.ones(rows, hidden, dtype=torch.bfloat16, device=x.device)
+    weight = torch.ones(hidden, dtype=torch.bfloat16, device=x.device)
+    outs: dict[str, torch.Tensor] = {}
+    calls = [0]  # the fused path alternates buffer halves, as o_proj / down_proj do (no end barrier)
+
+    def two_shot_norm() -> None:
+        buf[:rows].copy_(x)
+        torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
+        outs["two_shot+norm"] = kernels.add_rms_norm(buf[:rows], residual, weight, 1e-5)[1]
+
+    def fused() -> None:
+        calls[0] += 1
+        part = sym.partial(calls[0] % 2, rows, hidden)
+        part.copy_(x)
+        outs["fused"] = sym.reduce_add_rms_norm(part, residual, weight, 1e-5)[1]
+
+    return [(name, fn, lambda name=name: outs[name] - 1) for name, fn in
+            (("two_shot+norm", two_shot_norm), ("fused", fused))]
+
+
 def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -49,6 +78,12 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     max_rows = max(args.rows)
     buf = symm_mem.empty((max_rows, args.hidden), dtype=torch.bfloat16, device=f"cuda:{rank}")
     symm_mem.rendezvous(buf, group_name)
+    from tritongen.ops import kernels
+    from tritongen.parallel.symmetric import SymmetricAllReduce
+
+    kernels.use_triton(True)
+    sym = SymmetricAllReduce.create(torch.bfloat16, torch.device("cuda", rank), hidden=args.hidden,
+                                    fused_rows=max_rows) if args.fused else None
     rows_out = []
     for rows in args.rows:
         # Small integers: every partial sum is exact in bf16, so the check is exact too.
@@ -72,8 +107,10 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
             buf[:rows].copy_(x)
             torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
 
-        for name, fn, res in (("nccl", nccl, lambda: y), ("one_shot", one_shot, lambda: out),
-                              ("two_shot", two_shot, lambda: buf[:rows])):
+        cases = [("nccl", nccl, lambda: y), ("one_shot", one_shot, lambda: out), ("two_shot", two_shot, lambda: buf[:rows])]
+        if sym is not None:
+            cases += _norm_cases(sym, x, rows, args.hidden, group_name, buf, want)
+        for name, fn, res in cases:
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -97,6 +134,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,32,128,512")
     ap.add_argument("--reps", type=int, default=80)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--no-fused", dest="fused", action="store_false",
+                    help="leave out the fused all-reduce + add + RMSNorm comparison")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
     from tritongen.netutil import free_ports

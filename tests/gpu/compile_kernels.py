@@ -4,11 +4,13 @@ Triton's front end, its passes and the ptxas bundled with the triton wheel. Run 
 configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.py runs it.
 
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
-SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, and the
-split-decode kernel and its reduce at the largest split count.
+SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the
+split-decode kernel and its reduce at the largest split count, and every skinny GEMM candidate
+(split-K ones with a check of their memory ordering in the PTX).
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
@@ -26,11 +29,12 @@ from tritongen.ops import triton_gemv as tg  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
 INT_ARGS = {"N"}  # a size, though upper-case
-SIZES = {"_skinny_gemm_kernel": {"M", "N", "K"}}  # per kernel: upper-case sizes (K is a pointer elsewhere)
+# per kernel: upper-case sizes (K is a pointer elsewhere)
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
-FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC"}  # rope tables, split-decode scratch
-INT64_POINTERS = {"SLOTS"}
-INT32_POINTERS = {"BT", "SEQ_LENS", "QSL"}
+FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART"}  # rope tables, split scratch
+INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
+INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "EPOCH"}
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -87,12 +91,26 @@ def configs() -> list[tuple]:
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
+        for rank in (0, 1) if dtype == "bf16" else ():  # TP=2 decode, 13B hidden (5120 -> 8192 block)
+            out.append((tar._allreduce_add_rms_norm_kernel, dtype,
+                        dict(RANK=rank, WORLD=2, MAX_ROWS=512, BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
-                                                            IEEE=dtype == "fp32"),
+                                                            SPLIT_K=c["split_k"], IEEE=dtype == "fp32"),
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
     return out
+
+
+def split_k_ordered(ptx: str) -> bool:
+    """The split-K skinny GEMM publishes its partial tiles in the order its reduction relies on: the
+    last global store before the tile counter's atomic is followed by a CTA barrier (bar.sync), and
+    the atomic is acq_rel at gpu scope."""
+    atom = re.search(r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", ptx)
+    if atom is None:
+        return False
+    before = ptx[:atom.start()]
+    return before.rfind("bar.sync") > before.rfind("st.global")
 
 
 def main() -> int:
@@ -106,6 +124,8 @@ def main() -> int:
             size, shared = len(compiled.asm["cubin"]), compiled.metadata.shared
             if shared > SHARED_MEMORY_LIMIT:  # compiles, but would fail at launch
                 raise RuntimeError(f"needs {shared} bytes of shared memory, sm_90 has {SHARED_MEMORY_LIMIT}")
+            if constexprs.get("SPLIT_K", 1) > 1 and not split_k_ordered(compiled.asm["ptx"]):
+                raise RuntimeError("split-K partial stores not followed by bar.sync + atom.acq_rel.gpu in the PTX")
             print(f"ok     {label}: cubin {size} bytes, shared {shared}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1

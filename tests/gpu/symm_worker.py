@@ -1,6 +1,6 @@
 """The rank process of test_symmetric_allreduce (a module of its own: spawned processes import it
-by name). Each rank writes its partial sums into the symmetric buffer, as the row-parallel layers
-do, and checks the in-place two-shot sum over a few decode and prefill-chunk sizes."""
+by name). Each rank writes partial sums into the symmetric buffer as the row-parallel layers do and
+checks the fused all-reduce + residual add + RMSNorm, and the two-shot path, against torch."""
 from __future__ import annotations
 
 import os
@@ -16,23 +16,38 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-        from tritongen.parallel.symmetric import SymmetricAllReduce
+        from tritongen.ops import reference
+        from tritongen.parallel.symmetric import FUSED_MAX_ROWS, SymmetricAllReduce
 
-        hidden = 5120
-        sym = SymmetricAllReduce.create(torch.bfloat16, device)
-        assert sym is not None, "symmetric memory unavailable"
-        assert sym.output(sym.buf.numel() // hidden + 1, hidden) is None  # too large: NCCL's
-        for rows in (1, 3, 256, 512, 1500):
-            # Small integers: every partial sum is exact in bf16, so the check is exact too.
-            base = (torch.arange(rows * hidden, device=device) % 7 - 3).view(rows, hidden).float()
-            out = sym.output(rows, hidden)
-            out.copy_(base * (rank + 1))
-            got = sym.all_reduce_(out)
-            assert got.data_ptr() == out.data_ptr()
-            want = base * sum(range(1, world + 1))
-            assert torch.equal(got.float(), want), f"rows {rows}: off by {(got.float() - want).abs().max()}"
+        hidden, lines = 5120, []
+        sym = SymmetricAllReduce.create(torch.bfloat16, device, hidden=hidden, fused_rows=FUSED_MAX_ROWS)
+        assert sym is not None and sym.peers is not None, "symmetric memory unavailable"
+        lines.append(f"rank {rank}: buf {sym.buf.data_ptr():#x} ptrs {[hex(p) for p in sym.peers.buf_ptrs.tolist()]} "
+                     f"flag ptrs {[hex(p) for p in sym.peers.flag_ptrs.tolist()]}")
+        print(lines[-1], flush=True)
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(hidden, generator=gen).to(device, torch.bfloat16)
+        for step, rows in enumerate((1, 3, FUSED_MAX_ROWS, 1, 7) * 4):
+            parts = [torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16) for _ in range(world)]
+            residual = torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16)
+            half = step % 2
+            part = sym.partial(half, rows, hidden)
+            part.copy_(parts[rank])
+            got_h, got_s = sym.reduce_add_rms_norm(part, residual, weight, 1e-5)
+            total = parts[0].float()
+            for p in parts[1:]:
+                total += p.float()
+            want_h, want_s = reference.add_rms_norm(total.to(torch.bfloat16), residual, weight, 1e-5)
+            torch.cuda.synchronize()
+            assert torch.equal(got_s, want_s), f"rows {rows}: residual differs by {(got_s.float() - want_s.float()).abs().max()}"
+            torch.testing.assert_close(got_h, want_h, atol=2e-2, rtol=2e-2)
+        lines.append(f"rank {rank}: fused ok, epochs {sym.peers.epoch[:8].tolist()}")
+        out = sym.output(256, hidden)
+        out.copy_(torch.full((256, hidden), float(rank + 1), device=device))
+        sym.all_reduce_(out)
+        assert torch.equal(out, torch.full_like(out, float(world * (world + 1) // 2))), "two-shot sum"
         with open(os.path.join(out_dir, f"rank{rank}.ok"), "w") as f:
-            f.write(f"rank {rank}: two-shot sums right")
+            f.write("\n".join(lines))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:

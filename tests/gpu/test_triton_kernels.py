@@ -220,6 +220,62 @@ def test_skinny_linear_matches_torch(dtype, m, n, k):
         skinny_linear(x, w, out=out.t() if m > 1 else out[:, :1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n, k, block_n, block_k, split_k", [
+    (96, 300, 32, 64, 2),     # K splits 192 + 108
+    (200, 1000, 64, 128, 4),  # 256 x 3 + 232, a ragged last N tile
+    (70, 520, 32, 128, 3),    # 256 + 256 + 8
+    (33, 17, 32, 64, 4),      # one K tile: three empty splits add zeros
+])
+def test_skinny_linear_split_k_matches_reference(dtype, m, n, k, block_n, block_k, split_k):
+    """Split-K against a float64 reference, with bias and with out=; a second call is bitwise the
+    same (the partials are summed in split order) and every tile counter is back at zero."""
+    from tritongen.ops import triton_gemv
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype)
+    want = x.double() @ w.double().T + b.double()
+    cfg = dict(block_n=block_n, block_k=block_k, split_k=split_k)
+    got = triton_gemv.skinny_linear(x, w, b, **cfg)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype is torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.double(), want, **tol)
+    out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+    assert triton_gemv.skinny_linear(x, w, b, **cfg, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, got)
+    assert torch.equal(triton_gemv.skinny_linear(x, w, **cfg) + b, got)
+    _, counts = triton_gemv._workspaces[x.device]
+    assert not counts.any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="arrival order and graph replays need a GPU")
+def test_split_k_is_deterministic_across_runs_and_graph_replays():
+    """A TP=2 13B o_proj at 1 row, split 4: thousands of programs race for the tile counters, yet
+    every eager call and every graph replay gives the same bits, and the counters end at zero."""
+    from tritongen.ops import triton_gemv
+
+    w = torch.randn(5120, 2560, device="cuda", dtype=torch.bfloat16) / 2560 ** 0.5
+    x = torch.randn(1, 2560, device="cuda", dtype=torch.bfloat16)
+    cfg = dict(block_n=32, block_k=128, num_stages=3, split_k=4)
+    first = triton_gemv.skinny_linear(x, w, **cfg)
+    torch.testing.assert_close(first.float(), x.float() @ w.float().T, atol=3e-2, rtol=3e-2)
+    assert all(torch.equal(triton_gemv.skinny_linear(x, w, **cfg), first) for _ in range(50))
+    out = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the eager calls above sized the workspace: capture allocates nothing
+        for _ in range(8):
+            triton_gemv.skinny_linear(x, w, **cfg, out=out)
+    for _ in range(20):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, first)
+    assert not triton_gemv._workspaces[x.device][1].any()
+
+
 def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
     """triton_gemv.linear (what kernels.linear calls for decode batches on CUDA) over a [2, 3, K]
     input with each candidate configuration, for a narrow and a wide weight."""
@@ -253,7 +309,7 @@ def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     triton_gemv._choices.clear()
     triton_gemv._choices[(64, 32, torch.float32, 1)] = cfg
     calls = []
-    monkeypatch.setattr(triton_gemv, "linear", lambda x, w, c, b=None: calls.append((x.shape[0], c)) or x @ w.T)
+    monkeypatch.setattr(triton_gemv, "linear", lambda x, w, c, b=None, out=None: calls.append((x.shape[0], c)) or x @ w.T)
     w = torch.randn(64, 32, device="cuda")
     for rows in (1, 2, triton_gemv.MAX_ROWS + 1):
         kernels.linear(torch.randn(rows, 32, device="cuda"), w)

@@ -126,3 +126,22 @@ def test_linear_into_an_output_buffer() -> None:
     torch.testing.assert_close(out, x @ w.T)
     kernels.linear(x, w, b, out=out)
     torch.testing.assert_close(out, x @ w.T + b)
+
+
+def test_fused_partial_sums_must_be_reduced_by_the_next_norm() -> None:
+    from tritongen.parallel import symmetric
+
+    hidden = 4
+    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, symmetric.FUSED_MAX_ROWS, hidden))
+    assert sym.output(2, 4).data_ptr() == sym.buf.data_ptr() and sym.output(3, 4) is None  # 8 two-shot elements
+    assert sym.partial(0, symmetric.FUSED_MAX_ROWS + 1, hidden) is None and sym.partial(0, 1, 5) is None
+    first = sym.partial(0, 2, hidden)
+    assert first.shape == (2, hidden) and first.data_ptr() == sym.fused.data_ptr()
+    with pytest.raises(RuntimeError, match="never reduced"):
+        sym.partial(1, 2, hidden)
+    with pytest.raises(RuntimeError, match="another tensor"):
+        sym.is_pending(torch.zeros(2, hidden))
+    assert sym.is_pending(first.view(1, 2, hidden))
+    sym._pending = None
+    second = sym.partial(1, 2, hidden)
+    assert second.data_ptr() == sym.fused[1].data_ptr()

@@ -15,7 +15,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import build_empty_model, init_dummy_weights, load_model
 from tritongen.models.presets import PRESETS
 from tritongen.ops.attention import build_attention_metadata
-from tritongen.parallel.symmetric import SymmetricAllReduce
+from tritongen.parallel.symmetric import FUSED_MAX_ROWS, SymmetricAllReduce
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
@@ -36,24 +36,36 @@ CASES: dict[str, tuple[dict, bool]] = {
     "tiny-llama-kv1": (_derived("tiny-llama", num_key_value_heads=1), False),  # KV head replicated
     # o_proj and down_proj biases (added once after the reduce), fused GEMMs over the shards.
     "tiny-llama-bias": (_derived("tiny-llama", attention_bias=True, mlp_bias=True), True),
-    # As above, with the row-parallel GEMMs writing into a shared output buffer (BufferAllReduce).
+    # With the row-parallel GEMMs writing into a shared output buffer (BufferAllReduce): biases
+    # (added after an in-place reduce), and without (reduced inside the next norm).
     "tiny-llama-bias-buffer": (_derived("tiny-llama", attention_bias=True, mlp_bias=True), True),
+    "tiny-llama-fused-buffer": (PRESETS["tiny-llama"], True),
 }
-BUFFERED = {"tiny-llama-bias-buffer"}
+BUFFERED = {"tiny-llama-bias-buffer", "tiny-llama-fused-buffer"}
 BUFFER_ROWS = 4
 """Decode steps (2 rows) go through the buffer, the prefill (15 rows) does not fit and goes around it."""
 
 
 class BufferAllReduce(SymmetricAllReduce):
-    """SymmetricAllReduce's contract over a plain buffer and gloo: the row-parallel layers' path of
-    writing into the shared buffer and reducing in place, on CPU (the symmetric-memory reduce
-    itself needs CUDA and runs in tests/gpu)."""
+    """SymmetricAllReduce's contract over a plain buffer and gloo: the row-parallel layers' paths
+    of writing into the shared buffer and reducing in place or in the next norm, on CPU (the
+    symmetric-memory kernels themselves need CUDA and run in tests/gpu)."""
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
         dist.all_reduce(out)
         return out
+
+    def _reduce_add_rms_norm(self, x, half, residual, weight, eps):
+        import torch.distributed as dist
+
+        from tritongen.ops import reference
+
+        self.fused_calls += 1
+        total = x.clone()
+        dist.all_reduce(total)
+        return reference.add_rms_norm(total, residual, weight, eps)
 
 
 def build(name: str) -> tuple[torch.nn.Module, ModelArch]:
@@ -103,13 +115,18 @@ def rank_main(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             net, arch = build(name)
             shard_model(net, rank, world_size)
             if name in BUFFERED:
+                fused = 0 if "bias" in name else arch.hidden_size
                 buf = torch.full((BUFFER_ROWS * arch.hidden_size,), float("nan"))
-                net.model.layers[0].mlp.down_proj.shard.symmetric = BufferAllReduce(buf, "cpu-buffer")
+                sym = BufferAllReduce(buf, "cpu-buffer", torch.full((2, FUSED_MAX_ROWS, fused), float("nan")) if fused else None)
+                sym.fused_calls = 0
+                net.model.layers[0].mlp.down_proj.shard.symmetric = sym
             if fuse:
                 net.fuse_projections()
             results[name] = (run_steps(net, arch), net.kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE))
-            if name in BUFFERED:  # the decode steps' sums went through it
+            if name in BUFFERED and not fused:  # the decode steps' sums went through it
                 assert not buf[:2 * arch.hidden_size].isnan().any(), "the row-parallel layers never wrote the buffer"
+            if name in BUFFERED and fused:  # two per layer in each of the 3 steps (all within FUSED_MAX_ROWS)
+                assert sym.fused_calls == 3 * 2 * arch.num_hidden_layers, sym.fused_calls
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.destroy_process_group()
     except BaseException:

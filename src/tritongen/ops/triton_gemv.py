@@ -7,11 +7,22 @@ Why: at batch 1 the H200 profile has cuBLAS reaching 3.1-3.3 TB/s on the o_proj 
 shapes (split-K plus a separate reduce kernel) against 4.1 TB/s on gate_up; the GEMMs are 3.6 of
 the 4.3 ms of kernels per 7B step. Here each program owns BLOCK_N output columns and streams its
 [BLOCK_N, K] slab of the weight once (the only traffic that matters), with tl.dot on a 16-row
-tile of x (rows past M are masked zeros). No split-K, so no second kernel; BLOCK_N sets how many
-programs share the weight (N / BLOCK_N). benchmarks/gemv_probe.py times it against F.linear for
-the Llama shapes, per configuration. On the H200 (docs/benchmarks.md) the best configuration beat
-cuBLAS by 3-13% at 1 row on the 7B shapes, while a fixed rule lost up to 21% on some 13B and TP=2
-shapes: hence the selection by measurement.
+tile of x (rows past M are masked zeros); BLOCK_N sets how many programs share the weight
+(N / BLOCK_N). benchmarks/gemv_probe.py times it against F.linear for the Llama shapes, per
+configuration. On the H200 (docs/benchmarks.md) the best configuration beat cuBLAS by 3-13% at 1
+row on the 7B shapes, while a fixed rule lost up to 21% on some 13B and TP=2 shapes: hence the
+selection by measurement.
+
+Split-K: the small shapes of a TP=2 rank have too few N tiles for 132 SMs (o_proj [5120 x 2560] in
+64-column tiles is 80 programs; 160 leave a ragged second wave) and ran at 2.9-3.7 TB/s. With
+SPLIT_K > 1 each N tile gets SPLIT_K programs, each over a BLOCK_K-aligned slice of K; they write
+fp32 partial tiles to a per-device workspace and count themselves in on the tile's counter (an
+acq_rel atomic after a CTA barrier, so the partials are visible to whoever counts last). The last
+program sums the partials in split order 0..SPLIT_K-1, whatever order the programs arrived in, so
+results are bitwise the same run to run; it stores y and resets the counter for the next launch
+(CUDA-graph replays included). One kernel, no separate reduce launch; SPLIT_K == 1 is the plain
+single pass (no workspace, no atomics). Split configurations are just more candidates for
+select_kernels, so they are used only where measured faster.
 """
 from __future__ import annotations
 
@@ -30,32 +41,68 @@ MAX_ROWS = 8  # measured wins up to 8 rows (none left at 16 on the 13B shapes)
 
 
 @triton.jit
-def _skinny_gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        IEEE: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
+    # unused). SPLIT_K > 1: see _split_k_reduce.
+    pid_n = tl.program_id(0)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(1) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
+        k_ok = k < K  # a split's tiles never pass its end: K_PER_SPLIT is a multiple of BLOCK_K
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
-    tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        _split_k_reduce(acc, PART, COUNTS, y_ptrs, pid_n, m_ok, n_ok, BLOCK_M, BLOCK_N, SPLIT_K)
+
+
+@triton.jit
+def _split_k_reduce(acc, PART, COUNTS, y_ptrs, pid_n, m_ok, n_ok,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    # N tile pid_n owns PART[pid_n * SPLIT_K : (pid_n + 1) * SPLIT_K] (fp32 [BLOCK_M, BLOCK_N] tiles,
+    # rows past M never written nor read) and the counter COUNTS[pid_n], zero between launches.
+    tiles = PART + pid_n * SPLIT_K * BLOCK_M * BLOCK_N + \
+        tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(tiles + tl.program_id(1) * BLOCK_M * BLOCK_N, acc, mask=m_ok[:, None])
+    # Every thread of the program has stored before one thread's gpu-scope release publishes them
+    # (CUTLASS's semaphore pattern: bar.sync, then a release atomic); the acquire half makes the
+    # other programs' partials visible to the last one.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(COUNTS + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        # Fixed order 0..SPLIT_K-1, whichever program came last: bitwise the same every run.
+        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(tiles + s * BLOCK_M * BLOCK_N, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+        tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(COUNTS + pid_n, 0)  # the next launch (a graph replay too) starts from zero
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                   block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 4,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  split_k: int = 1, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] (M <= 16), weight [N, K] (row-major, as nn.Linear stores it) -> [M, N] in x's dtype
-    (written into `out`, contiguous [M, N], when given)."""
+    (written into `out`, contiguous [M, N], when given). split_k > 1 splits K over that many programs
+    per N tile, through the device's shared workspace (split_workspace): calls on one stream only."""
     M, K = x.shape
     N, K2 = weight.shape
     if M > BLOCK_M or K != K2:
@@ -69,19 +116,55 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         raise ValueError(f"skinny_linear: out must be contiguous [{M}, {N}], got {tuple(out.shape)}")
     y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     if M:
-        _skinny_gemm_kernel[(triton.cdiv(N, block_n),)](
-            x, weight, y, M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-            BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
+        tiles = triton.cdiv(N, block_n)
+        part = counts = None  # SPLIT_K == 1 never touches them
+        k_per_split = triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k
+        if split_k > 1:
+            part, counts = split_workspace(x.device, tiles * split_k * BLOCK_M * block_n, tiles)
+        _skinny_gemm_kernel[(tiles, split_k)](
+            x, weight, y, part, counts, M, N, K, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
+            BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
             num_warps=num_warps, num_stages=num_stages)
     if bias is None:
         return y
     return y.add_(bias) if out is not None else y + bias
 
 
-# Candidate launch configurations (block_n, block_k, num_stages), from benchmarks/gemv_probe.py on the
-# H200: the best config of every 7B/13B shape is among them, and none wins everywhere.
-CANDIDATES = [dict(block_n=bn, block_k=bk, num_warps=4, num_stages=st)
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+"""device -> (fp32 partial tiles, int32 per-N-tile counters) that every split-K launch shares."""
+_retired: list[torch.Tensor] = []
+"""Outgrown workspaces, kept alive: a CUDA graph captured before they were outgrown still uses them."""
+
+
+def split_workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device's split-K workspace, grown to at least `floats` partial floats and `tiles` counters.
+    Growing allocates, which must not happen inside CUDA graph capture (the buffers would come from
+    the graph's private pool): select_kernels runs every candidate eagerly before capture, so the
+    workspace already fits any configuration it can choose. Counters start at zero and every launch
+    leaves them at zero (the last program of each N tile resets its own)."""
+    part, counts = _workspaces.get(device, (None, None))
+    if part is not None and part.numel() >= floats and counts.numel() >= tiles:
+        return part, counts
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"skinny_linear: split-K workspace of {floats} floats / {tiles} counters must grow "
+                           "during CUDA graph capture; run the configuration once before capturing")
+    if part is not None:
+        _retired.extend((part, counts))
+        floats, tiles = max(floats, part.numel()), max(tiles, counts.numel())
+    part = torch.empty(floats, dtype=torch.float32, device=device)
+    counts = torch.zeros(tiles, dtype=torch.int32, device=device)
+    _workspaces[device] = (part, counts)
+    return part, counts
+
+
+# Candidate launch configurations (block_n, block_k, num_stages, split_k). Without split-K, from
+# benchmarks/gemv_probe.py on the H200: the best config of every 7B/13B shape is among them, and none
+# wins everywhere. Split-K: of splits 2 and 4 over each of these tiles (gemv_probe, 7B / 13B / 13B
+# TP=2 shapes, docs/benchmarks.md) only split 4 with 128-deep K steps ever won (13B down_proj at 1 row
+# 37.1 -> 35.6 us, 7B o_proj / down_proj at 8 rows), so only those two are timed at load.
+CANDIDATES = [dict(block_n=bn, block_k=bk, num_warps=4, num_stages=st, split_k=1)
               for bn, (bk, st) in itertools.product((32, 64), ((128, 3), (256, 5)))]
+CANDIDATES += [dict(block_n=bn, block_k=128, num_warps=4, num_stages=3, split_k=4) for bn in (32, 64)]
 MIN_GAIN = 0.97  # the skinny kernel must be at least 3% faster than cuBLAS to be used
 _choices: dict[tuple, Optional[dict]] = {}
 """(N, K, dtype, row bucket) -> launch configuration, or None for cuBLAS. Filled by select_kernels."""
@@ -130,7 +213,9 @@ def graph_time_us(fn, weights: list[torch.Tensor], min_calls: int = 32, reps: in
 def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
     """Time cuBLAS against each candidate configuration on the model's own weights, per weight shape
     and row bucket (1, MAX_ROWS), and keep the skinny kernel only where it wins by MIN_GAIN.
-    Called once at load, before CUDA graphs are captured; returns the choices made."""
+    Called once at load, before CUDA graphs are captured; returns the choices made. graph_time_us
+    runs every candidate eagerly on its shape before timing it, which also grows the split-K
+    workspace (split_workspace) to fit any configuration chosen here: capture never allocates."""
     import torch.nn.functional as F
 
     groups: dict[tuple, list[torch.Tensor]] = {}

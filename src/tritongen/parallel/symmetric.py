@@ -5,14 +5,22 @@ NCCL's ring all-reduce of a [rows, hidden] bf16 partial sum costs 8.7 µs at 1 r
 reduces its half with NVLink loads from the peer's buffer, then writes it to every peer) costs
 7.7 / 16.8 / 25.3 µs, copy in included (benchmarks/allreduce_probe.py). The copy in and out is
 what made the saving vanish end to end before, so here the row-parallel GEMM writes its partial sum
-straight into the symmetric buffer and torch's two-shot kernel reduces in place: the layer's output
-*is* a view of the buffer, valid until the next row-parallel layer writes it (the residual add right
-after each o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same
-order). Larger inputs (prefill chunks over MAX_BYTES) keep NCCL, which is at least as fast there.
-`TRITONGEN_SYMMETRIC_ALLREDUCE=0` turns it off (NCCL everywhere), for comparisons.
+straight into the symmetric buffer:
+- up to `fused_rows` rows (with the Triton kernels on; off by default, see DEFAULT_FUSED_ROWS and
+  TRITONGEN_FUSED_ALLREDUCE_ROWS), the layer returns the partial sums
+  unreduced, and the RMSNorm after it (tensor_parallel.ReducingRMSNorm) sums the ranks' rows, adds
+  the residual and normalizes in one kernel (ops/triton_allreduce.py). o_proj and down_proj write
+  separate halves of a region of their own, which is what lets that kernel skip an end barrier;
+- up to MAX_BYTES, torch's two-shot kernel reduces in place and the layer's output is a view of the
+  buffer, valid until the next row-parallel layer writes it (the residual add right after each
+  o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same order);
+- larger inputs (prefill chunks) keep NCCL, which is at least as fast there.
+`TRITONGEN_SYMMETRIC_ALLREDUCE=0` turns all of it off (NCCL everywhere), `=twoshot` the fusion only,
+for comparisons.
 
-A Triton kernel fusing this all-reduce with the residual add and RMSNorm for small batches was
-tried (commit c23ec04) and faulted on the H200; see docs/benchmarks.md.
+The fused kernel reaches the peers through addresses: `handle.buffer_ptrs` are the bases of the
+symmetric blocks, and a tensor may sit at an offset inside its block (`peer_addresses`). A first
+version used the bases directly and faulted on the H200 (commit c23ec04; docs/benchmarks.md).
 
 Only the first tensor-parallel engine of a process uses it: the rendezvous of a second one hung on
 the 2×H200 (torch keeps per-process symmetric-memory state past destroy_process_group; a fresh group
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -32,23 +41,80 @@ logger = logging.getLogger(__name__)
 
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
+FUSED_MAX_ROWS = 32
+"""A bound for batches that reduce inside the following RMSNorm's kernel (one program a row)."""
+DEFAULT_FUSED_ROWS = 0
+"""The bound `create` uses unless given one (`fused_rows`, or TRITONGEN_FUSED_ALLREDUCE_ROWS): 0, the
+fused kernel off, until it has run on two GPUs (docs/benchmarks.md)."""
 _used_in_this_process = False
 
 
+def _mode() -> str:
+    return os.environ.get("TRITONGEN_SYMMETRIC_ALLREDUCE", "1").lower()
+
+
 def wanted(device: torch.device, world_size: int) -> bool:
-    return (world_size > 1 and device.type == "cuda"
-            and os.environ.get("TRITONGEN_SYMMETRIC_ALLREDUCE", "1").lower() not in ("0", "false", "off"))
+    return world_size > 1 and device.type == "cuda" and _mode() not in ("0", "false", "off")
+
+
+@dataclass
+class Peers:
+    """What the fused kernel needs to reach the other ranks: int64 [world] addresses of every rank's
+    buffer and flags ([world, max rows] int32, zeroed), this rank's int32 epoch per row."""
+
+    rank: int
+    buf_ptrs: torch.Tensor
+    flag_ptrs: torch.Tensor
+    epoch: torch.Tensor
+
+
+def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
+    """int64 [world] device addresses of `t` in every rank's mapping, from its rendezvous handle.
+
+    `handle.buffer_ptrs` are the bases of the symmetric *blocks*; a symmetric tensor may sit at an
+    offset inside its block (torch sub-allocates), the same offset on every rank. That offset is
+    taken from this rank's own pair (tensor address - own block base), so it holds whatever torch
+    calls it; the peer mappings must then hold the whole tensor."""
+    bases = list(handle.buffer_ptrs)
+    offset = t.data_ptr() - bases[handle.rank]
+    nbytes = t.numel() * t.element_size()
+    if not 0 <= offset <= handle.buffer_size - nbytes:
+        raise RuntimeError(f"symmetric tensor at {t.data_ptr():#x} ({nbytes} bytes) is not inside its block "
+                           f"at {bases[handle.rank]:#x} ({handle.buffer_size} bytes)")
+    logger.info("symmetric tensor %s: offset %d in blocks at %s", tuple(t.shape), offset, [hex(b) for b in bases])
+    return torch.tensor([b + offset for b in bases], dtype=torch.int64, device=t.device)
+
+
+def _fused_peers(fused: torch.Tensor, group_name: str) -> Peers:
+    """Rendezvous of the fused region and of zeroed flags; collective."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    device = fused.device
+    handle = symm_mem.rendezvous(fused, group_name)
+    rows = fused.shape[1]
+    flags = symm_mem.empty((dist.get_world_size(), rows), dtype=torch.int32, device=device)
+    flag_handle = symm_mem.rendezvous(flags, group_name)
+    flags.zero_()
+    torch.cuda.synchronize(device)
+    dist.barrier(device_ids=[device.index])  # no peer signals before every rank zeroed its flags
+    return Peers(dist.get_rank(), peer_addresses(handle, fused), peer_addresses(flag_handle, flags),
+                 torch.zeros(rows, dtype=torch.int32, device=device))
 
 
 class SymmetricAllReduce:
-    """One symmetric buffer of MAX_BYTES per rank; `output` hands out its leading rows, `all_reduce_`
-    sums them over the ranks in place."""
+    """Symmetric buffers per rank: MAX_BYTES for `output` / `all_reduce_` (two-shot, in place) and,
+    for the fused path, `fused` [2 halves, max rows, hidden] for `partial`."""
 
-    def __init__(self, buf: torch.Tensor, group_name: str) -> None:
-        self.buf, self.group_name = buf, group_name
+    def __init__(self, buf: torch.Tensor, group_name: str, fused: Optional[torch.Tensor] = None,
+                 peers: Optional[Peers] = None) -> None:
+        self.buf, self.group_name, self.fused, self.peers = buf, group_name, fused, peers
+        self.hidden = fused.shape[-1] if fused is not None else 0
+        self._pending: Optional[tuple[int, int]] = None
+        """(data_ptr, half) of partial sums handed out by `partial` and not reduced yet."""
 
     @classmethod
-    def create(cls, dtype: torch.dtype, device: torch.device) -> Optional["SymmetricAllReduce"]:
+    def create(cls, dtype: torch.dtype, device: torch.device, hidden: int = 0, fused_rows: Optional[int] = None
+               ) -> Optional["SymmetricAllReduce"]:
         """Collective over all ranks of the default group; None (NCCL stays) where torch lacks the
         ops or the rendezvous fails: the path is an optimization, never a requirement."""
         if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "two_shot_all_reduce_"):
@@ -66,10 +132,18 @@ class SymmetricAllReduce:
             import torch.distributed._symmetric_memory as symm_mem
 
             group_name = dist.group.WORLD.group_name
+            hidden = hidden if _mode() != "twoshot" else 0
             buf = symm_mem.empty(MAX_BYTES // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
             symm_mem.rendezvous(buf, group_name)
-            logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above", MAX_BYTES >> 20)
-            return cls(buf, group_name)
+            if fused_rows is None:
+                fused_rows = int(os.environ.get("TRITONGEN_FUSED_ALLREDUCE_ROWS", DEFAULT_FUSED_ROWS))
+            elt = torch.empty((), dtype=dtype).element_size()
+            hidden = hidden if fused_rows > 0 and hidden * elt % 16 == 0 else 0  # the kernel's vector loads
+            fused = symm_mem.empty((2, fused_rows, hidden), dtype=dtype, device=device) if hidden else None
+            peers = _fused_peers(fused, group_name) if hidden else None
+            logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
+                        f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
+            return cls(buf, group_name, fused, peers)
         except Exception as exc:  # noqa: BLE001 - fall back to NCCL, say why
             logger.warning("symmetric-memory all-reduce unavailable (%s: %s); NCCL for all all-reduces",
                            type(exc).__name__, exc)
@@ -79,6 +153,45 @@ class SymmetricAllReduce:
         """A [rows, cols] view of the buffer for a GEMM to write into, or None when it does not fit."""
         n = rows * cols
         return self.buf[:n].view(rows, cols) if 0 < n <= self.buf.numel() else None
+
+    def partial(self, half: int, rows: int, cols: int) -> Optional[torch.Tensor]:
+        """[rows, cols] in `half` (0 or 1) of the fused region for a GEMM's partial sums, which the next
+        `reduce_add_rms_norm` must consume; None where the fused path does not apply."""
+        if not (self.hidden and cols == self.hidden and 0 < rows <= self.fused.shape[1]):
+            return None
+        if self._pending is not None:
+            raise RuntimeError("row-parallel partial sums were never reduced: the layer after a row-parallel "
+                               "layer must be a ReducingRMSNorm")
+        part = self.fused[half, :rows]
+        self._pending = (part.data_ptr(), half)
+        return part
+
+    def is_pending(self, x: torch.Tensor) -> bool:
+        """Whether `x` holds the partial sums `partial` handed out (and no one else touched them)."""
+        if self._pending is None:
+            return False
+        if x.data_ptr() != self._pending[0]:
+            raise RuntimeError("unreduced row-parallel partial sums are pending, but the norm got another tensor")
+        return True
+
+    def reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(Σ_ranks x + residual), Σ_ranks x + residual) for the pending partial sums `x`."""
+        if not self.is_pending(x):
+            raise RuntimeError("reduce_add_rms_norm without pending partial sums")
+        half = self._pending[1]
+        self._pending = None
+        return self._reduce_add_rms_norm(x, half, residual, weight, eps)
+
+    def _reduce_add_rms_norm(self, x: torch.Tensor, half: int, residual: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from tritongen.ops.triton_allreduce import allreduce_add_rms_norm
+
+        p = self.peers
+        assert p is not None
+        offset = half * self.fused.shape[1] * self.hidden
+        return allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset, x.numel() // x.shape[-1],
+                                      residual, weight, eps, p.rank)
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         """Sum `out` (a view from `output`) over the ranks, in place."""

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritongen.models.arch import ModelArch
-from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
 from tritongen.ops import kernels
 from tritongen.parallel.symmetric import SymmetricAllReduce
 
@@ -162,6 +162,10 @@ def shard_modules(model: LlamaForCausalLM, shard: Shard) -> None:
     for layer in model.model.layers:
         _shard_attention(layer.self_attn, arch, shard)
         _shard_mlp(layer.mlp, shard)
+        # Every add_forward follows a row-parallel layer (o_proj, or the previous layer's down_proj).
+        layer.input_layernorm = ReducingRMSNorm(layer.input_layernorm, shard)
+        layer.post_attention_layernorm = ReducingRMSNorm(layer.post_attention_layernorm, shard)
+    model.model.norm = ReducingRMSNorm(model.model.norm, shard)
     embed = VocabParallelEmbedding(model.model.embed_tokens, shard)
     model.model.embed_tokens = embed
     model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
@@ -197,7 +201,7 @@ def _shard_attention(attn: LlamaAttention, arch: ModelArch, shard: Shard) -> Non
     attn.q_proj = _empty_linear(arch.hidden_size, heads * d, attn.q_proj, bias)
     attn.k_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.k_proj, bias)
     attn.v_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.v_proj, bias)
-    attn.o_proj = RowParallelLinear(heads * d, attn.o_proj, shard)
+    attn.o_proj = RowParallelLinear(heads * d, attn.o_proj, shard, half=0)
     attn.num_heads, attn.num_kv_heads = heads, kv_heads
     attn.sizes = (heads * d, kv_heads * d, kv_heads * d)
 
@@ -207,26 +211,33 @@ def _shard_mlp(mlp: LlamaMLP, shard: Shard) -> None:
     h, bias = mlp.gate_proj.in_features, mlp.gate_proj.bias is not None
     mlp.gate_proj = _empty_linear(h, n, mlp.gate_proj, bias)
     mlp.up_proj = _empty_linear(h, n, mlp.up_proj, bias)
-    mlp.down_proj = RowParallelLinear(n, mlp.down_proj, shard)
+    mlp.down_proj = RowParallelLinear(n, mlp.down_proj, shard, half=1)
 
 
 class RowParallelLinear(nn.Linear):
     """`in_features` input features of a Linear shaped like `full`; partial outputs are summed
     across ranks, then the full (replicated) bias is added once.
 
-    With the shard's symmetric buffer the GEMM writes into it and the sum happens in place: the
-    output is then a view of that buffer, valid until the next row-parallel layer runs (see
-    parallel.symmetric; the Llama layers consume it in the residual add right away)."""
+    With the shard's symmetric buffer the GEMM writes into it (parallel.symmetric): small batches
+    come back as unreduced partial sums in buffer half `half` for the ReducingRMSNorm that follows
+    (the two row-parallel layers of a Llama layer alternate halves); larger ones are summed in place
+    and come back as a view of the buffer, valid until the next row-parallel layer runs (the Llama
+    layers consume it in the residual add right away)."""
 
-    def __init__(self, in_features: int, full: nn.Linear, shard: Shard) -> None:
+    def __init__(self, in_features: int, full: nn.Linear, shard: Shard, half: int = 0) -> None:
         w = full.weight
         super().__init__(in_features, full.out_features, bias=full.bias is not None,
                          device=w.device, dtype=w.dtype)
-        self.shard = shard
+        self.shard, self.half = shard, half
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sym = self.shard.symmetric
         rows = x.numel() // x.shape[-1]
+        if sym is not None and self.bias is None:
+            part = sym.partial(self.half, rows, self.out_features)
+            if part is not None:
+                kernels.linear(x.reshape(rows, x.shape[-1]), self.weight, out=part)
+                return part.view(*x.shape[:-1], self.out_features)
         out = sym.output(rows, self.out_features) if sym is not None else None
         if out is None:
             y = self.shard.all_reduce(kernels.linear(x, self.weight))
@@ -234,6 +245,22 @@ class RowParallelLinear(nn.Linear):
             kernels.linear(x.reshape(-1, x.shape[-1]), self.weight, out=out)
             y = sym.all_reduce_(out).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+
+class ReducingRMSNorm(RMSNorm):
+    """The RMSNorm after a row-parallel layer (same weight): when that layer left its partial sums
+    unreduced in the symmetric buffer, add_forward sums them over the ranks, adds the residual and
+    normalizes in one kernel; otherwise (its input is already summed) it is a plain RMSNorm."""
+
+    def __init__(self, norm: RMSNorm, shard: Shard) -> None:
+        nn.Module.__init__(self)
+        self.weight, self.eps, self.shard = norm.weight, norm.eps, shard
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sym = self.shard.symmetric
+        if sym is not None and sym.is_pending(x):
+            return sym.reduce_add_rms_norm(x, residual, self.weight, self.eps)
+        return super().add_forward(x, residual)
 
 
 class VocabParallelEmbedding(nn.Embedding):

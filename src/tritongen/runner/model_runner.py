@@ -92,7 +92,9 @@ class ModelRunner:
         if self.attention_backend == "triton":
             self._select_decode_gemms()
         if shard is not None and symmetric.wanted(self.device, shard.world_size):
-            shard.symmetric = symmetric.SymmetricAllReduce.create(self.dtype, self.device)
+            # With the Triton kernels, small batches also fuse the all-reduce into the next RMSNorm.
+            shard.symmetric = symmetric.SymmetricAllReduce.create(
+                self.dtype, self.device, hidden=self.arch.hidden_size if self.attention_backend == "triton" else 0)
         max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
                       self.num_blocks * self.block_size)
         self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,

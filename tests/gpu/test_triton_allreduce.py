@@ -1,0 +1,68 @@
+"""The fused all-reduce + residual add + RMSNorm kernel (ops/triton_allreduce.py) with two ranks
+simulated in one process: each rank's buffer, flags and epochs are tensors of their own, and the
+ranks run one after the other — rank 0 finds rank 1's signal already there (set by hand), rank 1
+finds the one rank 0's kernel stored. Runs on CUDA, else in Triton's interpreter (as
+test_triton_kernels.py); the real two-GPU run is tests/gpu/test_symmetric_allreduce.py."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = (os.environ.get("TRITONGEN_TEST_TRITON_INTERPRET") == "1" or os.environ.get("TRITON_INTERPRET") == "1"
+             ) and importlib.util.find_spec("triton") is not None
+if not (torch.cuda.is_available() or INTERPRET):
+    pytest.skip("needs CUDA (or TRITONGEN_TEST_TRITON_INTERPRET=1)", allow_module_level=True)
+pytest.importorskip("triton")
+
+from tritongen.ops import reference  # noqa: E402
+from tritongen.ops.triton_allreduce import allreduce_add_rms_norm  # noqa: E402
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+MAX_ROWS, HIDDEN = 4, 48
+
+
+def _ranks(dtype):
+    bufs = [torch.full((2, MAX_ROWS, HIDDEN), float("nan"), dtype=dtype, device=DEVICE) for _ in range(2)]
+    flags = [torch.zeros(2, MAX_ROWS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    epochs = [torch.zeros(MAX_ROWS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=DEVICE)
+    flag_ptrs = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=DEVICE)
+    return bufs, flags, epochs, ptrs, flag_ptrs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_ranks_sum_add_and_normalize_alike(dtype):
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    g = torch.Generator().manual_seed(0)
+    bufs, flags, epochs, ptrs, flag_ptrs = _ranks(dtype)
+    weight = torch.randn(HIDDEN, generator=g).to(DEVICE, dtype)
+    for call, rows in enumerate((3, 1, 4)):
+        half = call % 2
+        parts = [torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype) for _ in range(2)]
+        residual = torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype)
+        for r in range(2):
+            bufs[r][half, :rows] = parts[r]
+        flags[0][1, :rows] = epochs[0][:rows] + 1  # rank 1's signal, as if it had run first
+        got = [allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[r], half * MAX_ROWS * HIDDEN, rows, residual,
+                                      weight, 1e-6, r) for r in range(2)]
+        total = (parts[0].float() + parts[1].float()).to(dtype)
+        want_h, want_s = reference.add_rms_norm(total, residual, weight, 1e-6)
+        for h, s in got:
+            assert torch.equal(s, want_s)  # the residual stream: sum in float32, round once, add
+            torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])  # alike on both ranks
+        # Rank 0 stored its epoch into rank 1's flags for (rank 0, row), for the rows of this call.
+        assert torch.equal(flags[1][0, :rows], epochs[0][:rows])
+    assert epochs[0].tolist() == [3, 2, 2, 1] and torch.equal(epochs[0], epochs[1])
+
+
+def test_rejects_more_rows_than_flags_and_unaligned_rows():
+    bufs, _, epochs, ptrs, flag_ptrs = _ranks(torch.bfloat16)
+    residual = torch.zeros(MAX_ROWS + 1, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+    weight = torch.ones(HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="1..4 rows"):
+        allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 0, MAX_ROWS + 1, residual, weight, 1e-6, 0)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 3, 1, residual[:1], weight, 1e-6, 0)
