@@ -6,8 +6,8 @@ reduces its half with NVLink loads from the peer's buffer, then writes it to eve
 7.7 / 16.8 / 25.3 µs, copy in included (benchmarks/allreduce_probe.py). The copy in and out is
 what made the saving vanish end to end before, so here the row-parallel GEMM writes its partial sum
 straight into the symmetric buffer:
-- up to `fused_rows` rows (with the Triton kernels on; off by default, see DEFAULT_FUSED_ROWS and
-  TRITONGEN_FUSED_ALLREDUCE_ROWS), the layer returns the partial sums
+- up to `fused_rows` rows (with the Triton kernels on; DEFAULT_FUSED_ROWS unless
+  TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise), the layer returns the partial sums
   unreduced, and the RMSNorm after it (tensor_parallel.ReducingRMSNorm) sums the ranks' rows, adds
   the residual and normalizes in one kernel (ops/triton_allreduce.py). o_proj and down_proj write
   separate halves of a region of their own, which is what lets that kernel skip an end barrier;
@@ -19,8 +19,9 @@ straight into the symmetric buffer:
 for comparisons.
 
 The fused kernel reaches the peers through addresses: `handle.buffer_ptrs` are the bases of the
-symmetric blocks, and a tensor may sit at an offset inside its block (`peer_addresses`). A first
-version used the bases directly and faulted on the H200 (commit c23ec04; docs/benchmarks.md).
+symmetric blocks, and a tensor may sit at an offset inside its block (`peer_addresses`). The flags
+share one allocation with the partial sums (`_fused_region`): a first version (commit c23ec04) kept
+them in a small symmetric tensor of their own and faulted at the first atomic store to its peer copy.
 
 Only the first tensor-parallel engine of a process uses it: the rendezvous of a second one hung on
 the 2×H200 (torch keeps per-process symmetric-memory state past destroy_process_group; a fresh group
@@ -42,10 +43,12 @@ logger = logging.getLogger(__name__)
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
 FUSED_MAX_ROWS = 32
-"""A bound for batches that reduce inside the following RMSNorm's kernel (one program a row)."""
-DEFAULT_FUSED_ROWS = 0
-"""The bound `create` uses unless given one (`fused_rows`, or TRITONGEN_FUSED_ALLREDUCE_ROWS): 0, the
-fused kernel off, until it has run on two GPUs (docs/benchmarks.md)."""
+"""A small bound for tests of the fused path."""
+DEFAULT_FUSED_ROWS = 512
+"""Batches up to this many rows reduce inside the following RMSNorm's kernel (one program a row),
+unless `create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the
+2×H200 the fused kernel beat two-shot + the add/RMSNorm kernel at every size up to 512 rows
+(benchmarks/allreduce_probe.py: 6.9 vs 9.7 µs at 1 row, 15.7 vs 19.8 at 256, 24.9 vs 30.6 at 512)."""
 _used_in_this_process = False
 
 
@@ -81,24 +84,31 @@ def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
     if not 0 <= offset <= handle.buffer_size - nbytes:
         raise RuntimeError(f"symmetric tensor at {t.data_ptr():#x} ({nbytes} bytes) is not inside its block "
                            f"at {bases[handle.rank]:#x} ({handle.buffer_size} bytes)")
-    logger.info("symmetric tensor %s: offset %d in blocks at %s", tuple(t.shape), offset, [hex(b) for b in bases])
+    logger.debug("symmetric tensor %s: offset %d in blocks at %s", tuple(t.shape), offset, [hex(b) for b in bases])
     return torch.tensor([b + offset for b in bases], dtype=torch.int64, device=t.device)
 
 
-def _fused_peers(fused: torch.Tensor, group_name: str) -> Peers:
-    """Rendezvous of the fused region and of zeroed flags; collective."""
+def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: int, group_name: str
+                  ) -> tuple[torch.Tensor, Peers]:
+    """The fused path's symmetric region ([2 halves, rows, hidden] partial sums) and its zeroed flags
+    ([world, rows] int32) in one allocation and one rendezvous; collective.
+
+    One allocation because a flags tensor of its own (a few hundred bytes, rendezvoused apart) faulted
+    on the 2×H200 at the first atomic store into the peer's copy, while peer loads from the large
+    region worked (.gpu fault probe, docs/benchmarks.md)."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    device = fused.device
-    handle = symm_mem.rendezvous(fused, group_name)
-    rows = fused.shape[1]
-    flags = symm_mem.empty((dist.get_world_size(), rows), dtype=torch.int32, device=device)
-    flag_handle = symm_mem.rendezvous(flags, group_name)
+    world, elt = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
+    data = 2 * rows * hidden
+    region = symm_mem.empty(data + -(-world * rows * 4 // elt), dtype=dtype, device=device)
+    handle = symm_mem.rendezvous(region, group_name)
+    flags = region[data:].view(torch.int32)[:world * rows]
     flags.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(device_ids=[device.index])  # no peer signals before every rank zeroed its flags
-    return Peers(dist.get_rank(), peer_addresses(handle, fused), peer_addresses(flag_handle, flags),
-                 torch.zeros(rows, dtype=torch.int32, device=device))
+    base = peer_addresses(handle, region)
+    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(rows, dtype=torch.int32, device=device))
+    return region[:data].view(2, rows, hidden), peers
 
 
 class SymmetricAllReduce:
@@ -139,8 +149,7 @@ class SymmetricAllReduce:
                 fused_rows = int(os.environ.get("TRITONGEN_FUSED_ALLREDUCE_ROWS", DEFAULT_FUSED_ROWS))
             elt = torch.empty((), dtype=dtype).element_size()
             hidden = hidden if fused_rows > 0 and hidden * elt % 16 == 0 else 0  # the kernel's vector loads
-            fused = symm_mem.empty((2, fused_rows, hidden), dtype=dtype, device=device) if hidden else None
-            peers = _fused_peers(fused, group_name) if hidden else None
+            fused, peers = _fused_region(dtype, device, fused_rows, hidden, group_name) if hidden else (None, None)
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
             return cls(buf, group_name, fused, peers)
