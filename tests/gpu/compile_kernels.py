@@ -91,9 +91,10 @@ def configs() -> list[tuple]:
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
-        for rank in (0, 1) if dtype == "bf16" else ():  # TP=2 decode, 13B hidden (5120 -> 8192 block)
+        for rank, one_row in ((0, True), (1, False)) if dtype == "bf16" else ():  # TP=2, 13B hidden (5120 -> 8192)
             out.append((tar._allreduce_add_rms_norm_kernel, dtype,
-                        dict(RANK=rank, WORLD=2, MAX_ROWS=512, BLOCK=8192), dict(num_warps=8)))
+                        dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, BLOCK=8192),
+                        dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],

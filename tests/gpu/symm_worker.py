@@ -17,17 +17,17 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         device = torch.device("cuda", rank)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
         from tritongen.ops import reference
-        from tritongen.parallel.symmetric import FUSED_MAX_ROWS, SymmetricAllReduce
+        from tritongen.parallel.symmetric import SymmetricAllReduce
 
         hidden, lines = 5120, []
-        sym = SymmetricAllReduce.create(torch.bfloat16, device, hidden=hidden, fused_rows=FUSED_MAX_ROWS)
+        sym = SymmetricAllReduce.create(torch.bfloat16, device, hidden=hidden, fused_rows=512)
         assert sym is not None and sym.peers is not None, "symmetric memory unavailable"
         lines.append(f"rank {rank}: buf {sym.buf.data_ptr():#x} ptrs {[hex(p) for p in sym.peers.buf_ptrs.tolist()]} "
                      f"flag ptrs {[hex(p) for p in sym.peers.flag_ptrs.tolist()]}")
         print(lines[-1], flush=True)
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(hidden, generator=gen).to(device, torch.bfloat16)
-        for step, rows in enumerate((1, 3, FUSED_MAX_ROWS, 1, 7) * 4):
+        for step, rows in enumerate((1, 3, 128, 1, 7, 300, 512) * 3):  # one row per program, and loops
             parts = [torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16) for _ in range(world)]
             residual = torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16)
             half = step % 2

@@ -19,13 +19,13 @@ from tritongen.ops import reference  # noqa: E402
 from tritongen.ops.triton_allreduce import allreduce_add_rms_norm  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
-MAX_ROWS, HIDDEN = 4, 48
+SLOTS, MAX_ROWS, HIDDEN = 4, 9, 48
 
 
 def _ranks(dtype):
     bufs = [torch.full((2, MAX_ROWS, HIDDEN), float("nan"), dtype=dtype, device=DEVICE) for _ in range(2)]
-    flags = [torch.zeros(2, MAX_ROWS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-    epochs = [torch.zeros(MAX_ROWS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    flags = [torch.zeros(2, SLOTS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    epochs = [torch.zeros(SLOTS, dtype=torch.int32, device=DEVICE) for _ in range(2)]
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=DEVICE)
     flag_ptrs = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=DEVICE)
     return bufs, flags, epochs, ptrs, flag_ptrs
@@ -38,13 +38,14 @@ def test_two_ranks_sum_add_and_normalize_alike(dtype):
     g = torch.Generator().manual_seed(0)
     bufs, flags, epochs, ptrs, flag_ptrs = _ranks(dtype)
     weight = torch.randn(HIDDEN, generator=g).to(DEVICE, dtype)
-    for call, rows in enumerate((3, 1, 4)):
+    for call, rows in enumerate((3, 1, 4, 7, 9)):  # one row per program up to SLOTS rows, then a loop
+        programs = min(rows, SLOTS)
         half = call % 2
         parts = [torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype) for _ in range(2)]
         residual = torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype)
         for r in range(2):
             bufs[r][half, :rows] = parts[r]
-        flags[0][1, :rows] = epochs[0][:rows] + 1  # rank 1's signal, as if it had run first
+        flags[0][1, :programs] = epochs[0][:programs] + 1  # rank 1's signal, as if it had run first
         got = [allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[r], half * MAX_ROWS * HIDDEN, rows, residual,
                                       weight, 1e-6, r) for r in range(2)]
         total = (parts[0].float() + parts[1].float()).to(dtype)
@@ -53,16 +54,16 @@ def test_two_ranks_sum_add_and_normalize_alike(dtype):
             assert torch.equal(s, want_s)  # the residual stream: sum in float32, round once, add
             torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
         assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])  # alike on both ranks
-        # Rank 0 stored its epoch into rank 1's flags for (rank 0, row), for the rows of this call.
-        assert torch.equal(flags[1][0, :rows], epochs[0][:rows])
-    assert epochs[0].tolist() == [3, 2, 2, 1] and torch.equal(epochs[0], epochs[1])
+        # Rank 0 stored its epoch into rank 1's flags for (rank 0, program), for this call's programs.
+        assert torch.equal(flags[1][0, :programs], epochs[0][:programs])
+    assert epochs[0].tolist() == [5, 4, 4, 3] and torch.equal(epochs[0], epochs[1])
 
 
-def test_rejects_more_rows_than_flags_and_unaligned_rows():
+def test_rejects_empty_and_unaligned_rows():
     bufs, _, epochs, ptrs, flag_ptrs = _ranks(torch.bfloat16)
-    residual = torch.zeros(MAX_ROWS + 1, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+    residual = torch.zeros(2, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
     weight = torch.ones(HIDDEN, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="1..4 rows"):
-        allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 0, MAX_ROWS + 1, residual, weight, 1e-6, 0)
+    with pytest.raises(ValueError, match="at least one row"):
+        allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 0, 0, residual[:0], weight, 1e-6, 0)
     with pytest.raises(ValueError, match="16-byte aligned"):
         allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 3, 1, residual[:1], weight, 1e-6, 0)

@@ -314,3 +314,28 @@ def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     for rows in (1, 2, triton_gemv.MAX_ROWS + 1):
         kernels.linear(torch.randn(rows, 32, device="cuda"), w)
     assert calls == [(1, cfg)]  # 2 rows: the 8-row bucket has no choice; 9 rows: always cuBLAS
+
+
+def test_selection_decides_on_the_timings_the_ranks_agree_on(monkeypatch):
+    """Tensor-parallel ranks pass `agree` (the mean over ranks): the choice follows its timings, not
+    this process's own, so every rank picks the same kernels."""
+    from tritongen.ops import triton_gemv
+
+    monkeypatch.setattr(triton_gemv, "_choices", {})
+    n_cfg = len(triton_gemv.candidates(torch.float32))
+    # Locally the first candidate wins everywhere (9 us against cuBLAS 10 us)...
+    monkeypatch.setattr(triton_gemv, "_time_case", lambda case, group: [10.0, 9.0] + [50.0] * (n_cfg - 1))
+    weights = [torch.zeros(64, 32), torch.zeros(48, 32)]
+    seen = []
+
+    def agree(times):  # ...but over the ranks it loses on the 64-row shape
+        seen.append(list(times))
+        out = list(times)
+        out[1] = 11.0
+        return out
+
+    made = triton_gemv.select_kernels(weights, agree=agree)
+    assert len(seen) == 1 and len(seen[0]) == 4 * (1 + n_cfg)  # 2 shapes x 2 row buckets, one collective
+    assert made[(64, 32, torch.float32, 1)] is None
+    first = triton_gemv.candidates(torch.float32)[0]
+    assert made[(64, 32, torch.float32, triton_gemv.MAX_ROWS)] == first and made[(48, 32, torch.float32, 1)] == first

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -210,36 +210,53 @@ def graph_time_us(fn, weights: list[torch.Tensor], min_calls: int = 32, reps: in
 
 
 @torch.inference_mode()
-def select_kernels(weights: list[torch.Tensor]) -> dict[tuple, Optional[dict]]:
+def select_kernels(weights: list[torch.Tensor],
+                   agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, Optional[dict]]:
     """Time cuBLAS against each candidate configuration on the model's own weights, per weight shape
     and row bucket (1, MAX_ROWS), and keep the skinny kernel only where it wins by MIN_GAIN.
     Called once at load, before CUDA graphs are captured; returns the choices made. graph_time_us
     runs every candidate eagerly on its shape before timing it, which also grows the split-K
-    workspace (split_workspace) to fit any configuration chosen here: capture never allocates."""
-    import torch.nn.functional as F
+    workspace (split_workspace) to fit any configuration chosen here: capture never allocates.
 
+    `agree` maps this process's timings to the ones to decide on: tensor-parallel ranks pass the
+    mean over the ranks, so that every rank picks the same kernels (with each rank deciding on its
+    own noise, one rank ran cuBLAS where the other ran the skinny kernel, and every all-reduce
+    waits for the slower one)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
     for w in weights:
         groups.setdefault((*w.shape, w.dtype), []).append(w)
-    made = {}
-    for (n, k, dtype), group in groups.items():
-        for rows in (1, MAX_ROWS):
-            x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
-            cublas = graph_time_us(lambda w: F.linear(x, w), group)
-            best, best_us = None, cublas * MIN_GAIN
-            for cfg in candidates(dtype):
-                try:
-                    us = graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group)
-                except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on a smaller GPU
-                    logger.debug("skinny GEMM %s on [%d x %d] %s: %s", cfg, n, k, dtype, exc)
-                    continue
-                if us < best_us:
-                    best, best_us = cfg, us
-            made[(n, k, dtype, rows)] = best
-            logger.info("decode GEMM [%d x %d] %s, %d row(s): cuBLAS %.1f us, %s", n, k, dtype, rows, cublas,
-                        "skinny %.1f us %s" % (best_us, best) if best else "kept")
+    cases = [(n, k, dtype, rows) for (n, k, dtype) in groups for rows in (1, MAX_ROWS)]
+    times = [t for case in cases for t in _time_case(case, groups[case[:3]])]
+    if agree is not None:
+        times = agree(times)
+    made, per_case = {}, 1 + len(candidates(cases[0][2])) if cases else 0
+    for i, (n, k, dtype, rows) in enumerate(cases):
+        cublas, *skinny = times[i * per_case:(i + 1) * per_case]
+        best, best_us = None, cublas * MIN_GAIN
+        for cfg, us in zip(candidates(dtype), skinny):
+            if us < best_us:
+                best, best_us = cfg, us
+        made[(n, k, dtype, rows)] = best
+        logger.info("decode GEMM [%d x %d] %s, %d row(s): cuBLAS %.1f us, %s", n, k, dtype, rows, cublas,
+                    "skinny %.1f us %s" % (best_us, best) if best else "kept")
     _choices.update(made)
     return made
+
+
+def _time_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
+    """[cuBLAS µs, µs of each candidate (inf where it fails)] for one (N, K, dtype, rows) case."""
+    import torch.nn.functional as F
+
+    n, k, dtype, rows = case
+    x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
+    out = [graph_time_us(lambda w: F.linear(x, w), group)]
+    for cfg in candidates(dtype):
+        try:
+            out.append(graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on a smaller GPU
+            logger.debug("skinny GEMM %s on [%d x %d] %s: %s", cfg, n, k, dtype, exc)
+            out.append(float("inf"))
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None,

@@ -63,7 +63,7 @@ def wanted(device: torch.device, world_size: int) -> bool:
 @dataclass
 class Peers:
     """What the fused kernel needs to reach the other ranks: int64 [world] addresses of every rank's
-    buffer and flags ([world, max rows] int32, zeroed), this rank's int32 epoch per row."""
+    buffer and flags ([world, slots] int32, zeroed), this rank's int32 epoch per slot (kernel program)."""
 
     rank: int
     buf_ptrs: torch.Tensor
@@ -91,23 +91,26 @@ def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
 def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: int, group_name: str
                   ) -> tuple[torch.Tensor, Peers]:
     """The fused path's symmetric region ([2 halves, rows, hidden] partial sums) and its zeroed flags
-    ([world, rows] int32) in one allocation and one rendezvous; collective.
+    ([world, SLOTS] int32, one per program of the kernel) in one allocation and one rendezvous;
+    collective.
 
     One allocation because a flags tensor of its own (a few hundred bytes, rendezvoused apart) faulted
     on the 2×H200 at the first atomic store into the peer's copy, while peer loads from the large
-    region worked (.gpu fault probe, docs/benchmarks.md)."""
+    region worked (a variant probe, docs/benchmarks.md)."""
     import torch.distributed._symmetric_memory as symm_mem
+
+    from tritongen.ops.triton_allreduce import SLOTS
 
     world, elt = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
     data = 2 * rows * hidden
-    region = symm_mem.empty(data + -(-world * rows * 4 // elt), dtype=dtype, device=device)
+    region = symm_mem.empty(data + -(-world * SLOTS * 4 // elt), dtype=dtype, device=device)
     handle = symm_mem.rendezvous(region, group_name)
-    flags = region[data:].view(torch.int32)[:world * rows]
+    flags = region[data:].view(torch.int32)[:world * SLOTS]
     flags.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(device_ids=[device.index])  # no peer signals before every rank zeroed its flags
     base = peer_addresses(handle, region)
-    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(rows, dtype=torch.int32, device=device))
+    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(SLOTS, dtype=torch.int32, device=device))
     return region[:data].view(2, rows, hidden), peers
 
 

@@ -110,9 +110,17 @@ class ModelRunner:
         from tritongen.ops import triton_gemv
 
         weights = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-        made = triton_gemv.select_kernels(weights)
+        made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks if self.shard is not None else None)
         logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
                     sum(c is not None for c in made.values()), len(made))
+
+    def _mean_over_ranks(self, values: list[float]) -> list[float]:
+        """The mean of each value over the tensor-parallel ranks (a collective: every rank calls it)."""
+        if self.shard.world_size == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, group=self.shard.group)
+        return (t / self.shard.world_size).tolist()
 
     @property
     def bytes_per_block(self) -> int:
