@@ -22,7 +22,9 @@ program sums the partials in split order 0..SPLIT_K-1, whatever order the progra
 results are bitwise the same run to run; it stores y and resets the counter for the next launch
 (CUDA-graph replays included). One kernel, no separate reduce launch; SPLIT_K == 1 is the plain
 single pass (no workspace, no atomics). Split configurations are just more candidates for
-select_kernels, so they are used only where measured faster.
+select_kernels, so they are used only where measured faster. On the H200 they did not help the TP=2
+shapes (latency-bound: 26 MB in 9 us, whatever the tiling) but won on the 13B down_proj at 1 row
+and the 7B o_proj / down_proj at 8 rows (docs/benchmarks.md, seventh session).
 """
 from __future__ import annotations
 
