@@ -7,6 +7,8 @@ caching. Prints a table with the ratios against TP=1 and writes JSON.
     PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache \
         python3 benchmarks/tp_suite.py --model dummy:llama-2-13b --tp 1,2 --json-out $OUT/tp_suite.json
     PYTHONPATH=src python benchmarks/tp_suite.py --smoke     # CPU, gloo, tiny model: the code path only
+
+`--num-prompts 0` measures batch-1 latency only (about a third of the device time of a full run).
 """
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def _measure(args: argparse.Namespace, spec: str) -> dict:
         result: dict = {"tp": spec, "kv_blocks": llm.engine.runner.num_blocks}
         _log(f"ready: {result['kv_blocks']} KV blocks; batch-1 latency")
         result["bs1"] = run_latency(llm, 1, args.input_len, args.output_len, iters=args.iters)
-        _log(f"bs1 {result['bs1']['decode_step_ms']['mean']:.3f} ms/step; offline {args.dataset}")
+        _log(f"bs1 {result['bs1']['decode_step_ms']['mean']:.3f} ms/step")
+        if args.num_prompts <= 0:
+            return result
+        _log(f"offline {args.dataset}")
         reqs = load_dataset(args.dataset, args.num_prompts, 0, llm.tokenizer)
         reqs = [BenchRequest(ids, len(ids), r.output_len) for ids, r in zip(model_prompts(llm, reqs), reqs)]
         result["offline"] = run_offline(llm, reqs)
@@ -81,15 +86,17 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
 
 def _table(results: list[dict]) -> str:
     base = results[0]
-    lines = [f"{'tp':>6} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10} {'req/s':>8} "
-             f"{'out tok/s':>10} {'x thruput':>10}"]
+    header = f"{'tp':>6} {'bs1 ms/step':>12} {'bs1 tok/s':>10} {'x latency':>10}"
+    lines = [header + (f" {'req/s':>8} {'out tok/s':>10} {'x thruput':>10}" if "offline" in base else "")]
     for r in results:
         step = r["bs1"]["decode_step_ms"]["mean"]
-        off = r["offline"]
         lat = step / base["bs1"]["decode_step_ms"]["mean"]
-        thr = off["output_tok_s"] / base["offline"]["output_tok_s"]
-        lines.append(f"{r['tp']:>6} {step:>12.3f} {1000 / step:>10.1f} {lat:>10.3f} {off['rps']:>8.2f} "
-                     f"{off['output_tok_s']:>10.0f} {thr:>10.3f}")
+        line = f"{r['tp']:>6} {step:>12.3f} {1000 / step:>10.1f} {lat:>10.3f}"
+        off = r.get("offline")
+        if off is not None:
+            thr = off["output_tok_s"] / base["offline"]["output_tok_s"]
+            line += f" {off['rps']:>8.2f} {off['output_tok_s']:>10.0f} {thr:>10.3f}"
+        lines.append(line)
     lines.append("goals (issue 7): throughput x >= 1.7, batch-1 latency x <= 0.6 at TP=2")
     return "\n".join(lines)
 
@@ -112,7 +119,8 @@ def main() -> None:
     ap.add_argument("--timeout-per-config", type=float, default=300.0)
     args = ap.parse_args()
     if args.smoke:
-        args.model, args.dtype, args.device, args.num_prompts = "dummy:tiny-llama", "float32", "cpu", 8
+        args.model, args.dtype, args.device = "dummy:tiny-llama", "float32", "cpu"
+        args.num_prompts = min(args.num_prompts, 8)
         args.input_len, args.output_len, args.iters, args.num_blocks = 16, 8, 1, 256
     if args.one:
         result = _measure(args, args.one)
