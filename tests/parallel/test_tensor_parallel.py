@@ -131,10 +131,10 @@ def test_linear_into_an_output_buffer() -> None:
 def test_fused_partial_sums_must_be_reduced_by_the_next_norm() -> None:
     from tritongen.parallel import symmetric
 
-    hidden = 4
-    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, symmetric.FUSED_MAX_ROWS, hidden))
+    hidden, max_rows = 4, 32
+    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, max_rows, hidden))
     assert sym.output(2, 4).data_ptr() == sym.buf.data_ptr() and sym.output(3, 4) is None  # 8 two-shot elements
-    assert sym.partial(0, symmetric.FUSED_MAX_ROWS + 1, hidden) is None and sym.partial(0, 1, 5) is None
+    assert sym.partial(0, max_rows + 1, hidden) is None and sym.partial(0, 1, 5) is None
     first = sym.partial(0, 2, hidden)
     assert first.shape == (2, hidden) and first.data_ptr() == sym.fused.data_ptr()
     with pytest.raises(RuntimeError, match="never reduced"):

@@ -15,7 +15,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import build_empty_model, init_dummy_weights, load_model
 from tritongen.models.presets import PRESETS
 from tritongen.ops.attention import build_attention_metadata
-from tritongen.parallel.symmetric import FUSED_MAX_ROWS, SymmetricAllReduce
+from tritongen.parallel.symmetric import SymmetricAllReduce
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 16
@@ -44,6 +44,8 @@ CASES: dict[str, tuple[dict, bool]] = {
 BUFFERED = {"tiny-llama-bias-buffer", "tiny-llama-fused-buffer"}
 BUFFER_ROWS = 4
 """Decode steps (2 rows) go through the buffer, the prefill (15 rows) does not fit and goes around it."""
+FUSED_MAX_ROWS = 32
+"""Rows of the fused region: every step of run_steps reduces in the next norm."""
 
 
 class BufferAllReduce(SymmetricAllReduce):

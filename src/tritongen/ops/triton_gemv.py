@@ -231,9 +231,10 @@ def select_kernels(weights: list[torch.Tensor],
     times = [t for case in cases for t in _time_case(case, groups[case[:3]])]
     if agree is not None:
         times = agree(times)
-    made, per_case = {}, 1 + len(candidates(cases[0][2])) if cases else 0
-    for i, (n, k, dtype, rows) in enumerate(cases):
-        cublas, *skinny = times[i * per_case:(i + 1) * per_case]
+    made, at = {}, 0
+    for n, k, dtype, rows in cases:
+        cublas, *skinny = times[at:at + 1 + len(candidates(dtype))]
+        at += 1 + len(skinny)
         best, best_us = None, cublas * MIN_GAIN
         for cfg, us in zip(candidates(dtype), skinny):
             if us < best_us:

@@ -42,13 +42,11 @@ logger = logging.getLogger(__name__)
 
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
-FUSED_MAX_ROWS = 32
-"""A small bound for tests of the fused path."""
 DEFAULT_FUSED_ROWS = 512
-"""Batches up to this many rows reduce inside the following RMSNorm's kernel (one program a row),
-unless `create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the
-2×H200 the fused kernel beat two-shot + the add/RMSNorm kernel at every size up to 512 rows
-(benchmarks/allreduce_probe.py: 6.9 vs 9.7 µs at 1 row, 15.7 vs 19.8 at 256, 24.9 vs 30.6 at 512)."""
+"""Batches up to this many rows reduce inside the following RMSNorm's kernel, unless
+`create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the 2×H200
+the fused kernel beat two-shot + the add/RMSNorm kernel at every size up to 512 rows
+(benchmarks/allreduce_probe.py: 6.7 vs 9.8 µs at 1 row, 14.6 vs 19.9 at 256, 24.3 vs 30.5 at 512)."""
 _used_in_this_process = False
 
 
@@ -145,13 +143,14 @@ class SymmetricAllReduce:
             import torch.distributed._symmetric_memory as symm_mem
 
             group_name = dist.group.WORLD.group_name
-            hidden = hidden if _mode() != "twoshot" else 0
-            buf = symm_mem.empty(MAX_BYTES // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
+            elt = torch.empty((), dtype=dtype).element_size()
+            buf = symm_mem.empty(MAX_BYTES // elt, dtype=dtype, device=device)
             symm_mem.rendezvous(buf, group_name)
             if fused_rows is None:
                 fused_rows = int(os.environ.get("TRITONGEN_FUSED_ALLREDUCE_ROWS", DEFAULT_FUSED_ROWS))
-            elt = torch.empty((), dtype=dtype).element_size()
-            hidden = hidden if fused_rows > 0 and hidden * elt % 16 == 0 else 0  # the kernel's vector loads
+            # hidden * elt % 16: rows 16-byte aligned, for the kernel's vector loads
+            if _mode() == "twoshot" or fused_rows <= 0 or hidden * elt % 16:
+                hidden = 0
             fused, peers = _fused_region(dtype, device, fused_rows, hidden, group_name) if hidden else (None, None)
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")

@@ -110,17 +110,23 @@ class ModelRunner:
         from tritongen.ops import triton_gemv
 
         weights = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-        made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks if self.shard is not None else None)
+        made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks)
         logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
                     sum(c is not None for c in made.values()), len(made))
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
         """The mean of each value over the tensor-parallel ranks (a collective: every rank calls it)."""
-        if self.shard.world_size == 1:
+        world = self.shard.world_size if self.shard is not None else 1
+        return [v / world for v in self._over_ranks(values, torch.float64, torch.distributed.ReduceOp.SUM)]
+
+    def _over_ranks(self, values: list, dtype: torch.dtype, op) -> list:
+        """`values` combined element by element over the tensor-parallel ranks with `op` (a
+        collective); as they are without tensor parallelism."""
+        if self.shard is None or self.shard.world_size == 1:
             return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, group=self.shard.group)
-        return (t / self.shard.world_size).tolist()
+        t = torch.tensor(values, dtype=dtype, device=self.device)
+        torch.distributed.all_reduce(t, op=op, group=self.shard.group)
+        return t.tolist()
 
     @property
     def bytes_per_block(self) -> int:
@@ -130,11 +136,7 @@ class ModelRunner:
 
     def _agree(self, num_blocks: int) -> int:
         """Every rank must hold the same number of blocks (the scheduler's): the smallest wins."""
-        if self.shard is None or self.shard.world_size == 1:
-            return num_blocks
-        t = torch.tensor([num_blocks], dtype=torch.int64, device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.shard.group)
-        return int(t.item())
+        return self._over_ranks([num_blocks], torch.int64, torch.distributed.ReduceOp.MIN)[0]
 
     def _num_blocks_from_memory(self, cache: CacheConfig, sched: SchedulerConfig) -> int:
         if self.device.type != "cuda":
