@@ -4,7 +4,13 @@ what follows a row-parallel layer: two-shot + the residual add + RMSNorm kernel 
 all-reduce + add + RMSNorm kernel (parallel.symmetric, ops/triton_allreduce.py). Each is captured
 in a CUDA graph of `--reps` back-to-back calls, as the decode graphs run them.
 
+With `--gemm-k K` (rows <= 16) the row-parallel GEMM joins in: x [rows, K] @ W [hidden, K].T (8
+weights cycled, beyond L2) by cuBLAS or the skinny GEMM, then the fused all-reduce kernel, against
+the GEMM + all-reduce kernel that does both in one launch (`gemm_in_kernel`; checked against
+`skinny+fused`, whose arithmetic it repeats).
+
     python3 benchmarks/allreduce_probe.py --hidden 5120 --rows 1,8,32,128,512
+    python3 benchmarks/allreduce_probe.py --rows 1,2,4,8,16 --gemm-k 2560 --no-plain
 
 Prints microseconds per all-reduce and whether each method gave the right sum (the fused kernel:
 the same residual stream as summing in float32, rounding once and adding).
@@ -64,8 +70,49 @@ def _norm_cases(sym, x: torch.Tensor, rows: int, hidden: int, group_name: str, b
         part.copy_(x)
         outs["fused"] = sym.reduce_add_rms_norm(part, residual, weight, 1e-5)[1]
 
-    return [(name, fn, lambda name=name: outs[name] - 1) for name, fn in
+    return [(name, fn, lambda name=name: outs[name] - 1, want) for name, fn in
             (("two_shot+norm", two_shot_norm), ("fused", fused))]
+
+
+def _gemm_cases(sym, rows: int, hidden: int, k: int, rank: int) -> list:
+    """(name, fn, result, want) of GEMM then fused all-reduce (cuBLAS / skinny) and of the GEMM +
+    all-reduce kernel; results: the residual stream, the last two compared with each other."""
+    from tritongen.ops import triton_allreduce
+    from tritongen.ops.triton_gemv import skinny_linear
+
+    dev = torch.device("cuda", rank)
+    gen = torch.Generator(device=dev).manual_seed(rank)
+    weights = [torch.randn(hidden, k, device=dev, dtype=torch.bfloat16, generator=gen) / k ** 0.5 for _ in range(8)]
+    x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    residual = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=dev)
+    norm_weight = torch.ones(hidden, dtype=torch.bfloat16, device=dev)
+    cfg = dict(block_n=32, block_k=256, num_warps=4, num_stages=5)
+    outs: dict[str, torch.Tensor] = {}
+    calls = [0]
+    p = sym.peers
+
+    def unfused(name: str, gemm) -> None:
+        calls[0] += 1
+        part = sym.partial(calls[0] % 2, rows, hidden)
+        gemm(x, weights[calls[0] % len(weights)], part)
+        outs[name] = sym.reduce_add_rms_norm(part, residual, norm_weight, 1e-5)[1]
+
+    def in_kernel() -> None:
+        calls[0] += 1
+        outs["gemm_in_kernel"] = triton_allreduce.gemm_allreduce_add_rms_norm(
+            x, weights[calls[0] % len(weights)], cfg, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
+            (calls[0] % 2) * sym.fused.shape[1] * hidden, residual, norm_weight, 1e-5, rank)[1]
+
+    def cublas(name="cublas+fused"):
+        unfused(name, lambda a, w, out: torch.mm(a, w.t(), out=out))
+
+    def skinny(name="skinny+fused"):
+        unfused(name, lambda a, w, out: skinny_linear(a, w, **cfg, out=out))
+
+    ref = lambda: outs["skinny+fused"].float()  # noqa: E731 - the same arithmetic in two launches
+    return [("cublas+fused", cublas, lambda: outs["cublas+fused"].float(), None),
+            ("skinny+fused", skinny, ref, None),
+            ("gemm_in_kernel", in_kernel, lambda: outs["gemm_in_kernel"].float(), ref)]
 
 
 def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
@@ -107,14 +154,18 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
             buf[:rows].copy_(x)
             torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
 
-        cases = [("nccl", nccl, lambda: y), ("one_shot", one_shot, lambda: out), ("two_shot", two_shot, lambda: buf[:rows])]
+        cases = [("nccl", nccl, lambda: y, want), ("one_shot", one_shot, lambda: out, want),
+                 ("two_shot", two_shot, lambda: buf[:rows], want)] if args.plain else []
         if sym is not None:
             cases += _norm_cases(sym, x, rows, args.hidden, group_name, buf, want)
-        for name, fn, res in cases:
+            if args.gemm_k and rows <= 16:
+                cases += _gemm_cases(sym, rows, args.hidden, args.gemm_k, rank)
+        for name, fn, res, expect in cases:
             try:
                 fn()
                 torch.cuda.synchronize()
-                err = (res().float() - want).abs().max().item()
+                expect = expect() if callable(expect) else expect
+                err = 0.0 if expect is None else (res().float() - expect).abs().max().item()
                 us = _time_graph(fn, args.reps)
                 result[name] = f"{us:7.1f} us{'' if err == 0 else f' WRONG {err:.3g}'}"
             except Exception as exc:  # noqa: BLE001 - a probe: report and go on
@@ -136,6 +187,11 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--no-fused", dest="fused", action="store_false",
                     help="leave out the fused all-reduce + add + RMSNorm comparison")
+    ap.add_argument("--no-plain", dest="plain", action="store_false",
+                    help="leave out NCCL / one-shot / two-shot on their own")
+    ap.add_argument("--gemm-k", type=int, default=0,
+                    help="also time the row-parallel GEMM [rows, K] x [K, hidden] before the fused kernel, "
+                         "apart and in one launch (rows <= 16)")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
     from tritongen.netutil import free_ports

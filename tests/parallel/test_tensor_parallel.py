@@ -145,3 +145,27 @@ def test_fused_partial_sums_must_be_reduced_by_the_next_norm() -> None:
     sym._pending = None
     second = sym.partial(1, 2, hidden)
     assert second.data_ptr() == sym.fused[1].data_ptr()
+
+
+def test_small_batches_leave_the_row_parallel_gemm_to_the_reducing_kernel(monkeypatch) -> None:
+    from tritongen.ops import kernels
+    from tritongen.parallel import symmetric
+
+    hidden = 4
+    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, 32, hidden))
+    cfg = dict(block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=1)
+    monkeypatch.setattr(kernels, "single_pass_gemm_config", lambda w, rows: cfg if rows <= 16 else None)
+    seen = []
+    monkeypatch.setattr(sym, "_reduce_add_rms_norm", lambda x, half, gemm, *rest: seen.append((half, gemm)))
+    w = torch.zeros(hidden, 6)
+    x = torch.zeros(sym.gemm_rows + 1, 6)
+    assert not sym.defer_gemm(x[:1], w)  # nothing handed out by `partial`: nothing to defer
+    part = sym.partial(0, sym.gemm_rows + 1, hidden)
+    assert not sym.defer_gemm(x, w)  # more rows than gemm_rows: the layer runs its GEMM itself
+    sym.reduce_add_rms_norm(part, part, w[:, 0], 1e-6)
+    part = sym.partial(1, 1, hidden)
+    assert sym.defer_gemm(x[:1], w)
+    sym.reduce_add_rms_norm(part, part, w[:, 0], 1e-6)
+    assert seen[0] == (0, None)
+    assert seen[1][0] == 1 and seen[1][1][1] is w and seen[1][1][2] is cfg
+    assert sym._gemm is None and sym._pending is None  # consumed

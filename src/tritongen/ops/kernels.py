@@ -41,6 +41,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
+def single_pass_gemm_config(weight: torch.Tensor, rows: int) -> Optional[dict]:
+    """The skinny GEMM's fastest single-pass configuration measured for this weight and row count, for
+    kernels that fuse more work after that GEMM; None without the Triton kernels or a measurement."""
+    if _gemv is None or not weight.is_cuda or rows > _gemv.BLOCK_M:
+        return None
+    return _gemv.single_pass_config_for(weight, rows)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (_impl if x.is_cuda else reference).rms_norm(x, weight, eps)
 

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritongen.ops.triton_gemv import BLOCK_M, tile_product
+
 SLOTS = 128
 """Flags per rank: the most programs one call runs (about one wave on an H200's 132 SMs)."""
 
@@ -57,18 +59,35 @@ def _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, 
 
 
 @triton.jit
+def _signal(FLAG_PTRS, EPOCH, slot, RANK: tl.constexpr, WORLD: tl.constexpr, NUM_SLOTS: tl.constexpr):
+    """Bump the slot's epoch and store it into every peer's flag for (this rank, slot); returns it."""
+    epoch = tl.load(EPOCH + slot) + 1
+    tl.store(EPOCH + slot, epoch)
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            peer_flags = tl.load(FLAG_PTRS + p).to(tl.pointer_type(tl.int32))
+            tl.atomic_xchg(peer_flags + RANK * NUM_SLOTS + slot, epoch, sem="release", scope="sys")
+    return epoch
+
+
+@triton.jit
+def _wait(FLAG_PTRS, slot, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, NUM_SLOTS: tl.constexpr):
+    """Spin until every peer's flag for (peer, slot) in this rank's flags reached `epoch` (acquire)."""
+    own_flags = tl.load(FLAG_PTRS + RANK).to(tl.pointer_type(tl.int32))
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            while tl.atomic_add(own_flags + p * NUM_SLOTS + slot, 0, sem="acquire", scope="sys") - epoch < 0:
+                pass
+
+
+@triton.jit
 def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offset, rows, stride_r, N, eps,
                                    RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_POW2: tl.constexpr,
                                    NUM_SLOTS: tl.constexpr, ONE_ROW: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    epoch = tl.load(EPOCH + pid) + 1
-    tl.store(EPOCH + pid, epoch)
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            peer_flags = tl.load(FLAG_PTRS + p).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(peer_flags + RANK * NUM_SLOTS + pid, epoch, sem="release", scope="sys")
+    epoch = _signal(FLAG_PTRS, EPOCH, pid, RANK, WORLD, NUM_SLOTS)
     # What does not depend on the peers is loaded while the signal travels and the peers catch up,
     # the peers' addresses too (a vector, picked from by rank after the wait).
     ranks = tl.arange(0, WORLD_POW2)
@@ -78,11 +97,7 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
     if ONE_ROW:
         own = tl.load(_row_ptr(own_base, offset, pid, N, S.dtype.element_ty) + cols, mask=ok, other=0.0)
         r = tl.load(R + pid * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
-    own_flags = tl.load(FLAG_PTRS + RANK).to(tl.pointer_type(tl.int32))
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            while tl.atomic_add(own_flags + p * NUM_SLOTS + pid, 0, sem="acquire", scope="sys") - epoch < 0:
-                pass
+    _wait(FLAG_PTRS, pid, epoch, RANK, WORLD, NUM_SLOTS)
     if ONE_ROW:
         _sum_add_norm_row(bases, ranks, own, r, w, pid, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
     else:
@@ -90,6 +105,53 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
             own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0)
             r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
             _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
+
+
+@triton.jit
+def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT, R, W, Y, S, offset, M, K,
+                                        stride_xm, stride_wn, stride_r, N, eps, RANK: tl.constexpr,
+                                        WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, NUM_SLOTS: tl.constexpr,
+                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                        IEEE: tl.constexpr, BLOCK: tl.constexpr):
+    """The row-parallel GEMM and what follows it in one launch (see gemm_allreduce_add_rms_norm)."""
+    pid_n = tl.program_id(0)
+    acc, m, n, m_ok, n_ok = tile_product(X, WT, pid_n, M, N, K, 0, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
+                                         BLOCK_K, IEEE)
+    own_base = tl.load(BUF_PTRS + RANK)
+    part = own_base.to(tl.pointer_type(S.dtype.element_ty)) + offset
+    tl.store(part + m[:, None] * N + n[None, :], acc.to(S.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    # The split-K pattern (triton_gemv._split_k_reduce): every thread stored before one gpu-scope
+    # release; the last program's acquire sees every tile, and its system-scope release to the peers
+    # below passes them on (causality is transitive).
+    tl.debug_barrier()
+    if tl.atomic_add(COUNT, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(COUNT, 0)  # the next launch (a graph replay too) counts from zero
+        epoch = _signal(FLAG_PTRS, EPOCH, 0, RANK, WORLD, NUM_SLOTS)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < N
+        ranks = tl.arange(0, WORLD_POW2)
+        bases = tl.load(BUF_PTRS + ranks, mask=ranks < WORLD, other=0)
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        _wait(FLAG_PTRS, 0, epoch, RANK, WORLD, NUM_SLOTS)
+        for row in range(0, M):
+            # The other programs' tiles: past L1 (.cg), which may hold nothing of them anyway.
+            own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0,
+                          cache_modifier=".cg")
+            r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
+            _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
+
+
+def _outputs(residual: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(residual as [rows, hidden] with unit column stride, empty y, empty s) after checking that the
+    partial-sum rows start 16-byte aligned (the kernels' vector loads)."""
+    n = residual.shape[-1]
+    if (n * residual.element_size()) % 16 or (offset * residual.element_size()) % 16:
+        raise ValueError(f"allreduce_add_rms_norm needs 16-byte aligned rows (hidden {n}, offset {offset})")
+    r2 = residual.reshape(-1, n)
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    y = torch.empty(r2.shape, dtype=residual.dtype, device=residual.device)
+    return r2, y, torch.empty_like(y)
 
 
 def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoch: torch.Tensor, offset: int,
@@ -102,18 +164,43 @@ def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoc
     programs run); offset: elements from the buffer start to row 0 of the partial sums ([rows,
     hidden], contiguous). Every rank must make the same sequence of calls."""
     world, slots = buf_ptrs.numel(), epoch.numel()
-    n = residual.shape[-1]
     if rows < 1:
         raise ValueError(f"allreduce_add_rms_norm takes at least one row, got {rows}")
-    if (n * residual.element_size()) % 16 or (offset * residual.element_size()) % 16:
-        raise ValueError(f"allreduce_add_rms_norm needs 16-byte aligned rows (hidden {n}, offset {offset})")
-    r2 = residual.reshape(-1, n)
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    y = torch.empty(r2.shape, dtype=residual.dtype, device=residual.device)
-    s = torch.empty_like(y)
+    r2, y, s = _outputs(residual, offset)
+    n = r2.shape[1]
     _allreduce_add_rms_norm_kernel[(min(rows, slots),)](
         buf_ptrs, flag_ptrs, epoch, r2, weight, y, s, offset, rows, r2.stride(0), n, eps, RANK=rank, WORLD=world,
         WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=slots, ONE_ROW=rows <= slots,
         BLOCK=triton.next_power_of_2(n), num_warps=8)
+    return y.view(residual.shape), s.view(residual.shape)
+
+
+def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict, buf_ptrs: torch.Tensor,
+                                flag_ptrs: torch.Tensor, epoch: torch.Tensor, count: torch.Tensor, offset: int,
+                                residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, rank: int
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """allreduce_add_rms_norm of this rank's partial sums x [rows, K] @ weight [hidden, K].T, computed in
+    the same launch: each program stores its tile of the product into this rank's buffer at `offset`,
+    the last one to finish (counted on `count`, an int32 that is zero between launches) signals the
+    peers, waits for theirs and reduces, adds and normalizes every row. At batch 1 on two H200s a
+    separate all-reduce launch costs ~7 µs per row-parallel layer, most of it fixed cost; here it
+    is the last program's tail. `cfg`: a single-pass configuration of ops/triton_gemv (block_n,
+    block_k, num_warps, num_stages). For few rows: one program reduces them all."""
+    rows, k = x.shape
+    world = buf_ptrs.numel()
+    if not 1 <= rows <= BLOCK_M or weight.shape != (residual.shape[-1], k):
+        raise ValueError(f"gemm_allreduce_add_rms_norm takes x [1..{BLOCK_M}, K] and weight [hidden, K]; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if cfg.get("split_k", 1) != 1:
+        raise ValueError(f"gemm_allreduce_add_rms_norm runs single-pass configurations, not {cfg}")
+    r2, y, s = _outputs(residual, offset)
+    n = r2.shape[1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    _gemm_allreduce_add_rms_norm_kernel[(triton.cdiv(n, cfg["block_n"]),)](
+        x, weight, buf_ptrs, flag_ptrs, epoch, count, r2, norm_weight, y, s, offset, rows, k, x.stride(0),
+        weight.stride(0), r2.stride(0), n, eps, RANK=rank, WORLD=world, WORLD_POW2=triton.next_power_of_2(world),
+        NUM_SLOTS=epoch.numel(), BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        IEEE=x.dtype == torch.float32, BLOCK=triton.next_power_of_2(n), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return y.view(residual.shape), s.view(residual.shape)

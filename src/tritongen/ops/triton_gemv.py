@@ -43,22 +43,15 @@ MAX_ROWS = 8  # measured wins up to 8 rows (none left at 16 on the 13B shapes)
 
 
 @triton.jit
-def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
-    # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
-    # unused). SPLIT_K > 1: see _split_k_reduce.
-    pid_n = tl.program_id(0)
+def tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    """(acc [BLOCK_M, BLOCK_N] float32 = x[:, k_start:k_end] @ w[n, k_start:k_end].T for N tile pid_n,
+    m, n, m_ok, n_ok): one program's share of the skinny GEMM, also the first half of
+    ops/triton_allreduce's GEMM + all-reduce kernel."""
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(1) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -70,6 +63,24 @@ def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
+    return acc, m, n, m_ok, n_ok
+
+
+@triton.jit
+def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
+    # unused). SPLIT_K > 1: see _split_k_reduce.
+    pid_n = tl.program_id(0)
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(1) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc, m, n, m_ok, n_ok = tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn,
+                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
     y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -170,6 +181,9 @@ CANDIDATES += [dict(block_n=bn, block_k=128, num_warps=4, num_stages=3, split_k=
 MIN_GAIN = 0.97  # the skinny kernel must be at least 3% faster than cuBLAS to be used
 _choices: dict[tuple, Optional[dict]] = {}
 """(N, K, dtype, row bucket) -> launch configuration, or None for cuBLAS. Filled by select_kernels."""
+_single_pass: dict[tuple, dict] = {}
+"""(N, K, dtype, row bucket) -> the fastest configuration without split-K, whether or not it beat
+cuBLAS: the GEMM + all-reduce kernel of ops/triton_allreduce runs one (filled by select_kernels)."""
 
 
 def candidates(dtype: torch.dtype) -> list[dict]:
@@ -187,6 +201,12 @@ def _bucket(rows: int) -> int:
 def config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
     """The configuration select_kernels chose for this weight shape and row count; None: use cuBLAS."""
     return _choices.get((*weight.shape, weight.dtype, _bucket(rows)))
+
+
+def single_pass_config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
+    """The fastest measured configuration without split-K for this shape and row count (None: not
+    timed), for kernels that build on the single-pass tile product."""
+    return _single_pass.get((*weight.shape, weight.dtype, _bucket(rows)))
 
 
 def graph_time_us(fn, weights: list[torch.Tensor], min_calls: int = 32, reps: int = 3) -> float:
@@ -236,10 +256,15 @@ def select_kernels(weights: list[torch.Tensor],
         cublas, *skinny = times[at:at + 1 + len(candidates(dtype))]
         at += 1 + len(skinny)
         best, best_us = None, cublas * MIN_GAIN
+        single, single_us = None, float("inf")
         for cfg, us in zip(candidates(dtype), skinny):
             if us < best_us:
                 best, best_us = cfg, us
+            if cfg["split_k"] == 1 and us < single_us:
+                single, single_us = cfg, us
         made[(n, k, dtype, rows)] = best
+        if single is not None:
+            _single_pass[(n, k, dtype, rows)] = single
         logger.info("decode GEMM [%d x %d] %s, %d row(s): cuBLAS %.1f us, %s", n, k, dtype, rows, cublas,
                     "skinny %.1f us %s" % (best_us, best) if best else "kept")
     _choices.update(made)

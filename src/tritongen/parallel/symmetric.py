@@ -10,7 +10,10 @@ straight into the symmetric buffer:
   TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise), the layer returns the partial sums
   unreduced, and the RMSNorm after it (tensor_parallel.ReducingRMSNorm) sums the ranks' rows, adds
   the residual and normalizes in one kernel (ops/triton_allreduce.py). o_proj and down_proj write
-  separate halves of a region of their own, which is what lets that kernel skip an end barrier;
+  separate halves of a region of their own, which is what lets that kernel skip an end barrier.
+  Up to `gemm_rows` rows (DEFAULT_GEMM_ROWS, TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS)
+  the layer does not even run its GEMM: it leaves x and its weight to that kernel, which computes
+  the partial sums in the same launch (`defer_gemm`);
 - up to MAX_BYTES, torch's two-shot kernel reduces in place and the layer's output is a view of the
   buffer, valid until the next row-parallel layer writes it (the residual add right after each
   o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same order);
@@ -38,10 +41,16 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from tritongen.ops import kernels
+
 logger = logging.getLogger(__name__)
 
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
+DEFAULT_GEMM_ROWS = 4
+"""Batches up to this many rows (and at most 16) also run the row-parallel GEMM in the same launch
+(ops/triton_allreduce.gemm_allreduce_add_rms_norm), unless TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS says
+otherwise (0: off)."""
 DEFAULT_FUSED_ROWS = 512
 """Batches up to this many rows reduce inside the following RMSNorm's kernel, unless
 `create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the 2×H200
@@ -67,6 +76,8 @@ class Peers:
     buf_ptrs: torch.Tensor
     flag_ptrs: torch.Tensor
     epoch: torch.Tensor
+    count: torch.Tensor
+    """int32 [1], zero between launches: the GEMM + all-reduce kernel's programs count themselves in."""
 
 
 def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
@@ -108,7 +119,8 @@ def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: i
     torch.cuda.synchronize(device)
     dist.barrier(device_ids=[device.index])  # no peer signals before every rank zeroed its flags
     base = peer_addresses(handle, region)
-    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(SLOTS, dtype=torch.int32, device=device))
+    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(SLOTS, dtype=torch.int32, device=device),
+                  torch.zeros(1, dtype=torch.int32, device=device))
     return region[:data].view(2, rows, hidden), peers
 
 
@@ -120,8 +132,11 @@ class SymmetricAllReduce:
                  peers: Optional[Peers] = None) -> None:
         self.buf, self.group_name, self.fused, self.peers = buf, group_name, fused, peers
         self.hidden = fused.shape[-1] if fused is not None else 0
+        self.gemm_rows = int(os.environ.get("TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS", DEFAULT_GEMM_ROWS))
         self._pending: Optional[tuple[int, int]] = None
         """(data_ptr, half) of partial sums handed out by `partial` and not reduced yet."""
+        self._gemm: Optional[tuple[torch.Tensor, torch.Tensor, dict]] = None
+        """(x, weight, configuration) of a pending product left to the reducing kernel (`defer_gemm`)."""
 
     @classmethod
     def create(cls, dtype: torch.dtype, device: torch.device, hidden: int = 0, fused_rows: Optional[int] = None
@@ -177,6 +192,17 @@ class SymmetricAllReduce:
         self._pending = (part.data_ptr(), half)
         return part
 
+    def defer_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Leave the product x [rows, K] @ weight.T of the partial sums just handed out by `partial` to
+        the reducing kernel (one launch for GEMM, all-reduce, add and RMSNorm), where it applies:
+        up to `gemm_rows` rows with a measured single-pass skinny GEMM configuration. The decision
+        depends only on what every rank sees alike (rows, shape, the rank-agreed measurements)."""
+        cfg = kernels.single_pass_gemm_config(weight, x.shape[0]) if x.shape[0] <= self.gemm_rows else None
+        if cfg is None or self._pending is None:
+            return False
+        self._gemm = (x, weight, cfg)
+        return True
+
     def is_pending(self, x: torch.Tensor) -> bool:
         """Whether `x` holds the partial sums `partial` handed out (and no one else touched them)."""
         if self._pending is None:
@@ -190,19 +216,22 @@ class SymmetricAllReduce:
         """(rms_norm(Σ_ranks x + residual), Σ_ranks x + residual) for the pending partial sums `x`."""
         if not self.is_pending(x):
             raise RuntimeError("reduce_add_rms_norm without pending partial sums")
-        half = self._pending[1]
-        self._pending = None
-        return self._reduce_add_rms_norm(x, half, residual, weight, eps)
+        half, gemm = self._pending[1], self._gemm
+        self._pending = self._gemm = None
+        return self._reduce_add_rms_norm(x, half, gemm, residual, weight, eps)
 
-    def _reduce_add_rms_norm(self, x: torch.Tensor, half: int, residual: torch.Tensor, weight: torch.Tensor,
-                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        from tritongen.ops.triton_allreduce import allreduce_add_rms_norm
+    def _reduce_add_rms_norm(self, x: torch.Tensor, half: int, gemm: Optional[tuple], residual: torch.Tensor,
+                             weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from tritongen.ops import triton_allreduce
 
         p = self.peers
         assert p is not None
         offset = half * self.fused.shape[1] * self.hidden
-        return allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset, x.numel() // x.shape[-1],
-                                      residual, weight, eps, p.rank)
+        if gemm is not None:
+            return triton_allreduce.gemm_allreduce_add_rms_norm(*gemm, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
+                                                                offset, residual, weight, eps, p.rank)
+        return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
+                                                       x.numel() // x.shape[-1], residual, weight, eps, p.rank)
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         """Sum `out` (a view from `output`) over the ranks, in place."""
