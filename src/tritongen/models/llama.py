@@ -13,7 +13,7 @@ from torch import nn
 
 from tritongen.models.arch import ModelArch
 from tritongen.ops import kernels, reference
-from tritongen.ops.attention import AttentionMetadata, paged_attention, rotary_and_write_kv
+from tritongen.ops.attention import AttentionMetadata, rotary_attention
 
 
 class Linear(nn.Linear):
@@ -87,9 +87,7 @@ class LlamaAttention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        # Write first: this step's queries attend to their own keys through the cache.
-        q = rotary_and_write_kv(q, k, v, cos, sin, kv_cache, attn.slot_mapping)
-        out = paged_attention(q, kv_cache, attn, self.scale, self.sliding_window)
+        out = rotary_attention(q, k, v, cos, sin, kv_cache, attn, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -106,6 +104,8 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        elif getattr(self.down_proj, "takes_gate_up", False):  # TP: SiLU·mul inside the reducing kernel
+            return self.down_proj(self.gate_up_proj(x), gated=True)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(kernels.silu_and_mul(gate, up))
