@@ -5,8 +5,10 @@ configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.p
 
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
 SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the
-split-decode kernel and its reduce at the largest split count, and every skinny GEMM candidate
-(split-K ones with a check of their memory ordering in the PTX).
+split-decode kernel and its reduce at the largest split count, the fused decode kernel unsplit and
+at the largest split count, and every skinny GEMM candidate. The PTX of kernels whose last program
+reduces (split-K GEMMs, split fused decode) is checked for the memory ordering they rely on, and
+the fused decode kernel's for the barrier after its KV write.
 """
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
-SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}}
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gemm_allreduce_add_rms_norm_kernel": {"M", "K"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART"}  # rope tables, split scratch
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
-INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "EPOCH"}
+INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "COUNT", "EPOCH"}
+# kernels whose last program reduces the splits' partials -> the constexpr that counts the splits
+LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS",
+                        "_gemm_allreduce_add_rms_norm_kernel": "BLOCK_M"}  # BLOCK_M > 1: always checked
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -87,6 +92,12 @@ def configs() -> list[tuple]:
                     IEEE=dtype == "fp32")))
             out.append((ta._decode_reduce_kernel, dtype, dict(HEAD_DIM=d, BLOCK_D=max(16, d),
                                                               NUM_SPLITS=ta.MAX_SPLITS)))
+            for splits in (1, ta.MAX_SPLITS):  # fused decode: large batches unsplit, batch 1 most splits
+                for window in (False, True) if (hq, hk) == (32, 8) else (False,):
+                    out.append((ta._decode_attn_kernel, dtype, dict(
+                        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
+                        BLOCK_N=ta.DECODE_BLOCK_N, PAGE=16, NUM_SPLITS=splits, USE_WINDOW=window,
+                        IEEE=dtype == "fp32")))
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
@@ -95,6 +106,11 @@ def configs() -> list[tuple]:
             out.append((tar._allreduce_add_rms_norm_kernel, dtype,
                         dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, BLOCK=8192),
                         dict(num_warps=8)))
+            for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM, its input gated or not
+                out.append((tar._gemm_allreduce_add_rms_norm_kernel, dtype, dict(
+                    RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, BLOCK_M=16, BLOCK_N=c["block_n"],
+                    BLOCK_K=c["block_k"], IEEE=False, GATED=not one_row, BLOCK=8192),
+                    dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
@@ -103,15 +119,26 @@ def configs() -> list[tuple]:
     return out
 
 
-def split_k_ordered(ptx: str) -> bool:
-    """The split-K skinny GEMM publishes its partial tiles in the order its reduction relies on: the
-    last global store before the tile counter's atomic is followed by a CTA barrier (bar.sync), and
-    the atomic is acq_rel at gpu scope."""
+def partials_published(ptx: str) -> bool:
+    """A kernel whose last program reduces (the split-K skinny GEMM, the fused decode attention)
+    publishes its partials in the order that reduction relies on: the last global store before the
+    counter's atomic is followed by a CTA barrier (bar.sync), and the atomic is acq_rel at gpu scope."""
     atom = re.search(r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add", ptx)
     if atom is None:
         return False
     before = ptx[:atom.start()]
     return before.rfind("bar.sync") > before.rfind("st.global")
+
+
+def kv_write_fenced(ptx: str) -> bool:
+    """The fused decode kernel's KV write (its first global stores) is followed by a CTA barrier
+    before any later global load: the split that stores the new key reads it back through the cache."""
+    first = ptx.find("st.global")
+    barrier = ptx.find("bar.sync", first)
+    if first < 0 or barrier < 0:
+        return False
+    write = ptx[first:barrier]
+    return re.search(r"ld\.global|cp\.async", write[write.rfind("st.global"):]) is None
 
 
 def main() -> int:
@@ -125,8 +152,11 @@ def main() -> int:
             size, shared = len(compiled.asm["cubin"]), compiled.metadata.shared
             if shared > SHARED_MEMORY_LIMIT:  # compiles, but would fail at launch
                 raise RuntimeError(f"needs {shared} bytes of shared memory, sm_90 has {SHARED_MEMORY_LIMIT}")
-            if constexprs.get("SPLIT_K", 1) > 1 and not split_k_ordered(compiled.asm["ptx"]):
-                raise RuntimeError("split-K partial stores not followed by bar.sync + atom.acq_rel.gpu in the PTX")
+            splits = constexprs.get(LAST_PROGRAM_REDUCES.get(kernel.fn.__name__), 1)
+            if splits > 1 and not partials_published(compiled.asm["ptx"]):
+                raise RuntimeError("split partial stores not followed by bar.sync + atom.acq_rel.gpu in the PTX")
+            if kernel is ta._decode_attn_kernel and not kv_write_fenced(compiled.asm["ptx"]):
+                raise RuntimeError("KV write not followed by bar.sync before the key tiles are loaded")
             print(f"ok     {label}: cubin {size} bytes, shared {shared}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             failed += 1

@@ -195,6 +195,135 @@ def test_fused_rotary_and_kv_write_match_the_two_reference_ops(case, dtype):
     assert torch.equal(kv.view(2, -1, hkv, d)[:, meta.slot_mapping[-1]], untouched)
 
 
+DECODE_CASES = [  # (num_heads, num_kv_heads, head_dim, block_size, [(q_len, seq_len), ...], window), q_len <= 1
+    (4, 4, 32, 16, [(1, 40), (1, 1), (0, 20)], None),  # MHA: a context of one key, a sequence without a query
+    (9, 3, 64, 16, [(1, 33), (1, 200)], None),          # GQA group 3: rows padded to 16 for tl.dot
+    (8, 2, 32, 8, [(1, 130), (0, 5), (1, 70)], None),   # GQA group 4, lengths off the page and BLOCK_N grid
+    (8, 2, 64, 8, [(1, 90), (1, 1), (1, 40)], 16),      # sliding window, shorter and longer than the context
+    (4, 2, 32, 16, [(1, 300)], 100),                    # window start off the BLOCK_N grid
+]
+
+
+def _qkv_case(h, hkv, d, bs, seqs, dtype, pad=True):
+    """q, k, v as strided views of one fused qkv output, cos/sin at each token's position, the cache
+    and metadata; with `pad`, a CUDA-graph padding row after the sequences (a context of one key,
+    slot -1), whose would-be slot is returned last."""
+    seqs = seqs + [(1, 1)] if pad else seqs
+    _, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, dtype)
+    T = meta.slot_mapping.shape[0]
+    qkv = torch.randn(T, (h + 2 * hkv) * d, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    q, k, v = (part.view(T, -1, d) for part in qkv.split([h * d, hkv * d, hkv * d], dim=1))
+    positions = torch.tensor([p for q_len, s in seqs for p in range(s - q_len, s)], device=DEVICE)
+    cos, sin = reference.rope_cos_sin(positions, reference.rope_inv_freq(d, 10000.0).to(DEVICE))
+    pad_slot = int(meta.slot_mapping[-1])
+    if pad:
+        meta.slot_mapping[-1] = -1
+    return q, k, v, cos, sin, kv, meta, pad_slot
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("case", DECODE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, monkeypatch):
+    """decode_attention_triton (rotary, KV write and attention in one kernel) against the reference's
+    rotary + write_kv_cache_ref + paged_attention_ref. The cache holds rotary_write_kv_triton's bits
+    (the padding row's slot untouched), the split counters are back at zero, a second call (same
+    inputs, the same keys rewritten) gives the same bits."""
+    from tritongen.ops import triton_attention as ta
+
+    h, hkv, d, bs, seqs, window = case
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    monkeypatch.setattr(ta, "decode_splits", lambda num_seqs, num_kv_heads: splits)
+    q, k, v, cos, sin, kv, meta, pad_slot = _qkv_case(h, hkv, d, bs, seqs, dtype)
+    want_q, want_k = reference.apply_rotary(q, k, cos, sin)
+    kv_ref, kv_two_step, before = kv.clone(), kv.clone(), kv.clone()
+    reference.write_kv_cache_ref(want_k, v, kv_ref, meta.slot_mapping)
+    expected = reference.paged_attention_ref(want_q, kv_ref, meta, d ** -0.5, window)
+    ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
+    got = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window)
+    assert torch.equal(kv, kv_two_step)
+    assert torch.equal(kv.view(2, -1, hkv, d)[:, pad_slot], before.view(2, -1, hkv, d)[:, pad_slot])
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(kv, kv_ref, **tol)  # bf16: the reference rounds each product
+    torch.testing.assert_close(got.float(), expected.float(), **tol)
+    if splits > 1:
+        assert not ta._counters[kv.device].any()
+    assert torch.equal(ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window), got)
+    assert torch.equal(kv, kv_two_step)
+
+
+def test_rotary_attention_takes_the_fused_kernel_for_decode_batches_only(monkeypatch):
+    """ops.attention.rotary_attention (what LlamaAttention calls) with the Triton backend: a decode
+    batch (max_query_len 1; here 16 splits, decode_splits' own choice) runs decode_attention_triton
+    alone, a batch with a longer query the two steps; both agree with the reference backend, which
+    has no fused decode."""
+    from tritongen.ops import attention
+    from tritongen.ops import triton_attention as ta
+
+    backend = attention.triton_backend()
+    assert backend.decode_attention is ta.decode_attention_triton
+    assert attention._BACKENDS["reference"].decode_attention is None
+    calls = []
+    counted = backend._replace(decode_attention=lambda *a: calls.append(a) or ta.decode_attention_triton(*a))
+    for seqs, fused in (([(1, 70), (1, 3)], True), ([(3, 70), (1, 5)], False)):
+        q, k, v, cos, sin, kv, meta, _ = _qkv_case(4, 2, 32, 16, seqs, torch.float32)
+        kv_ref = kv.clone()
+        monkeypatch.setattr(attention, "_backend_for", lambda x: attention._BACKENDS["reference"])
+        want = attention.rotary_attention(q, k, v, cos, sin, kv_ref, meta, 32 ** -0.5)
+        monkeypatch.setattr(attention, "_backend_for", lambda x: counted)
+        calls.clear()
+        got = attention.rotary_attention(q, k, v, cos, sin, kv, meta, 32 ** -0.5)
+        assert len(calls) == fused
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(kv, kv_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_counters_grow_but_never_during_graph_capture(monkeypatch):
+    """The split counters are created (and grown) eagerly only: inside CUDA graph capture the zero
+    fill would only be recorded. Outgrown ones stay alive for graphs captured with them."""
+    from tritongen.ops import triton_attention as ta
+
+    monkeypatch.setattr(ta, "_counters", {})
+    monkeypatch.setattr(ta, "_retired_counters", [])
+    cpu = torch.device("cpu")
+    first = ta.decode_counters(cpu, 4)
+    assert first.numel() == ta.SPLIT_BELOW_PROGRAMS and not first.any() and first.dtype is torch.int32
+    assert ta.decode_counters(cpu, ta.SPLIT_BELOW_PROGRAMS) is first
+    grown = ta.decode_counters(cpu, ta.SPLIT_BELOW_PROGRAMS + 1)
+    assert grown.numel() == ta.SPLIT_BELOW_PROGRAMS + 1 and ta._retired_counters == [first]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="during CUDA graph capture"):
+        ta.decode_counters(torch.device("cuda", 0), 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="arrival order and graph replays need a GPU")
+def test_fused_decode_is_deterministic_across_runs_and_graph_replays():
+    """Llama-2-7B's shape at batch 1 over 4000 keys, 16 splits racing for their counters: every eager
+    call and every graph replay gives the same bits (the last split combines in split order), the
+    cache keeps the same bits, and the counters end at zero."""
+    from tritongen.ops import triton_attention as ta
+
+    q, k, v, cos, sin, kv, meta, _ = _qkv_case(32, 32, 128, 16, [(1, 4000)], torch.bfloat16, pad=False)
+    assert ta.decode_splits(1, 32) == 16
+    kv_two_step = kv.clone()
+    q_rot = ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
+    first = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, 128 ** -0.5)
+    assert torch.equal(kv, kv_two_step)
+    torch.testing.assert_close(first.float(), reference.paged_attention_ref(q_rot, kv, meta, 128 ** -0.5).float(),
+                               atol=2e-2, rtol=2e-2)
+    assert all(torch.equal(ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, 128 ** -0.5), first)
+               for _ in range(50))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the eager calls created the counters: capture allocates none
+        out = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, 128 ** -0.5)
+    for _ in range(20):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, first)
+    assert torch.equal(kv, kv_two_step) and not ta._counters[q.device].any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k", [(1, 96, 64), (3, 200, 300), (16, 64, 1000), (8, 33, 17)])
 def test_skinny_linear_matches_torch(dtype, m, n, k):

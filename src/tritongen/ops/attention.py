@@ -5,10 +5,14 @@ Slot s lives at block s // block_size, offset s % block_size.
 
 Backends: the pure-PyTorch reference, and the Triton kernels (registered on first use by
 select_attention_backend) with the same signatures, chosen with set_attention_backend(). The
-model code calls rotary_and_write_kv() (fused where the backend has a kernel for it) and
-paged_attention(); write_kv_cache() stays for callers that store ready keys.
+model code calls rotary_attention(): decode batches take the backend's one fused kernel (rotary,
+KV write and attention) where it has one, other batches rotary_and_write_kv() (fused where the
+backend has a kernel for it) and paged_attention(); write_kv_cache() stays for callers that store
+ready keys.
 """
 from __future__ import annotations
+
+import os
 
 from dataclasses import dataclass
 from functools import cached_property
@@ -87,6 +91,10 @@ class AttentionBackend(NamedTuple):
     rotary_write_kv: Optional[Callable[..., torch.Tensor]] = None
     """(q, k, v, cos, sin, kv_cache, slot_mapping) -> rotated q: rotary and the KV write fused;
     None = kernels.apply_rotary, then write_kv_cache."""
+    decode_attention: Optional[Callable[..., torch.Tensor]] = None
+    """(q, k, v, cos, sin, kv_cache, meta, scale, sliding_window=None) -> [T, Hq, D]: rotary, KV
+    write and attention of a decode batch (at most one query token per sequence) in one launch, as
+    batch-1 decode pays mostly per-launch cost; None = rotary_and_write_kv, then paged_attention."""
 
 
 _BACKENDS: dict[str, AttentionBackend] = {
@@ -127,15 +135,21 @@ def select_attention_backend(name: str, device: torch.device) -> str:
         if device.type != "cuda":
             raise ValueError("attention_backend 'triton' needs a CUDA device")
         if "triton" not in _BACKENDS:
-            from tritongen.ops import triton_attention as ta
-
-            register_attention_backend("triton", AttentionBackend(ta.write_kv_cache_triton,
-                                                                  ta.paged_attention_triton,
-                                                                  ta.rotary_write_kv_triton))
+            register_attention_backend("triton", triton_backend())
     if device.type == "cuda":
         set_attention_backend(name)
         kernels.use_triton(name == "triton")  # the per-token ops follow the attention choice
     return name
+
+
+def triton_backend() -> AttentionBackend:
+    """The Triton kernels (ops/triton_attention.py); imported on first use.
+    TRITONGEN_FUSED_DECODE_ATTENTION=0 leaves decode on the separate kernels (for comparisons)."""
+    from tritongen.ops import triton_attention as ta
+
+    fused = os.environ.get("TRITONGEN_FUSED_DECODE_ATTENTION", "1").lower() not in ("0", "false", "off")
+    return AttentionBackend(ta.write_kv_cache_triton, ta.paged_attention_triton, ta.rotary_write_kv_triton,
+                            ta.decode_attention_triton if fused else None)
 
 
 def _backend_for(x: torch.Tensor) -> AttentionBackend:
@@ -168,3 +182,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]."""
     return _backend_for(q).paged_attention(q, kv_cache, meta, scale, sliding_window)
+
+
+def rotary_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                     sliding_window: Optional[int] = None) -> torch.Tensor:
+    """One layer's attention from un-rotated q [T, Hq, D], k, v [T, Hkv, D]: rotate q and k by
+    cos/sin [T, D], store k and v at meta.slot_mapping, attend; returns [T, Hq, D]. Decode batches
+    (max_query_len 1, a host int: no sync) take the backend's fused decode kernel where it has one."""
+    backend = _backend_for(q)
+    if backend.decode_attention is not None and meta.max_query_len == 1:
+        return backend.decode_attention(q, k, v, cos, sin, kv_cache, meta, scale, sliding_window)
+    # Write first: this step's queries attend to their own keys through the cache.
+    q = rotary_and_write_kv(q, k, v, cos, sin, kv_cache, meta.slot_mapping)
+    return paged_attention(q, kv_cache, meta, scale, sliding_window)

@@ -11,6 +11,13 @@ idle with one program per (sequence, KV head), so they split each context into N
 ("flash-decoding"): one program per (sequence, KV head, split) writes a partial softmax state to
 float32 scratch, and a second kernel combines the splits.
 
+The engine's decode batches take one fused kernel instead (decode_attention_triton): batch-1 decode
+paid ~2-3 us of fixed cost on an H200 for each of three launches per layer (rotary + KV write,
+split, reduce). Programs rotate their query heads as they load them; the split holding the new
+token stores its rotated key and value and reads them back through the cache after a CTA barrier;
+with NUM_SPLITS > 1 the last program of each (sequence, KV head) combines the partials, counted in
+as triton_gemv's split-K does. NUM_SPLITS == 1 is the plain decode of large batches.
+
 Everything here takes device tensors only (no host lists), so decode steps can be captured in
 CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
 TRITON_INTERPRET=1 these kernels also run (slowly) on the CPU, which is how they are tested
@@ -190,6 +197,36 @@ def decode_splits(num_seqs: int, num_kv_heads: int) -> int:
 
 
 @triton.jit
+def _split_range(seq_len, window, split, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """(lo, start, end): split `split` of the query at seq_len - 1 walks keys [start, end), those >= lo
+    visible (the window). Whole BLOCK_N tiles per split: short contexts leave the last splits empty."""
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    base = lo // BLOCK_N * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(seq_len - base, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = base + split * chunk
+    return lo, start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, stride_bt, stride_kb, stride_ks, stride_kh,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """Online-softmax state (m, l, acc) of one decode query's rows over one split's keys (see
+    _split_range; no causal mask needed); an empty split gives m=-inf, l=0, acc=0."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):  # no iterations for an empty split
+        n = tile + tl.arange(0, BLOCK_N)
+        n_ok = (n < end) & (n >= lo)
+        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, end, 0, d, d_ok, m_i, l_i, acc,
+                                     scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, IEEE)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, PART_M, PART_L, PART_ACC, BT, SEQ_LENS, QSL, scale, window,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
@@ -204,14 +241,7 @@ def _decode_split_kernel(
     if tl.load(QSL + seq + 1) == q_start:
         return  # no query token this step; the reduce kernel skips the sequence too
     seq_len = tl.load(SEQ_LENS + seq)  # the one query sits at seq_len - 1 and sees every key before it
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
-    # Whole BLOCK_N tiles per split, so short contexts leave the last splits empty, not tiny.
-    base = lo // BLOCK_N * BLOCK_N
-    chunk = tl.cdiv(tl.cdiv(seq_len - base, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = base + split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    lo, start, end = _split_range(seq_len, window, split, BLOCK_N, NUM_SPLITS, USE_WINDOW)
     r = tl.arange(0, BLOCK_M)  # rows: the GROUP query heads of this KV head, padded for tl.dot
     row_ok = r < GROUP
     head = kvh * GROUP + r
@@ -219,15 +249,8 @@ def _decode_split_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(Q + q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for tile in range(start, end, BLOCK_N):  # no iterations for an empty split
-        n = tile + tl.arange(0, BLOCK_N)
-        n_ok = (n < end) & (n >= lo)
-        # The window bounds `lo` (n_ok); every key up to the one query is visible.
-        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, seq_len, window, d, d_ok, m_i, l_i, acc,
-                                     scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, IEEE)
+    m_i, l_i, acc = _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, stride_bt, stride_kb,
+                                 stride_ks, stride_kh, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, IEEE)
     # Scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]; an empty split stores m=-inf, l=0, acc=0.
     part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split
     tl.store(PART_M + part, m_i, mask=row_ok)
@@ -256,6 +279,110 @@ def _decode_reduce_kernel(PART_M, PART_L, PART_ACC, O, QSL, stride_ot, stride_oh
     l_sum = tl.sum(w * l_part, 0)
     out = tl.sum(w[:, None] * acc, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
     tl.store(O + q_start.to(tl.int64) * stride_ot + head * stride_oh + d, out.to(O.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _rotated_q(Q, COS, SIN, t, head, row_ok, d, stride_qt, stride_qh, stride_cos, HALF: tl.constexpr):
+    """Rows `head` of token t's query, rotated as rotate_heads rotates them (float32, the same
+    products and sums, rounded once to q's dtype) but as one [rows, BLOCK_D] tile for tl.dot: each
+    element is loaded beside its rotate-half partner (d +- HALF)."""
+    low = d < HALF
+    ok = row_ok[:, None] & (d < 2 * HALF)[None, :]
+    rows = Q + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh
+    x = tl.load(rows + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(rows + tl.where(low, d + HALF, d - HALF)[None, :], mask=ok, other=0.0).to(tl.float32)
+    half = tl.where(low, d, d - HALF)  # cos/sin rows hold duplicated halves: read the first only
+    cos = tl.load(COS + t * stride_cos + half, mask=d < 2 * HALF, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(SIN + t * stride_cos + half, mask=d < 2 * HALF, other=0.0).to(tl.float32)[None, :]
+    rot = tl.where(low[None, :], x * cos - xp * sin, x * cos + xp * sin)
+    return rot.to(Q.dtype.element_ty)
+
+
+@triton.jit
+def _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+                  stride_cs, stride_ch, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Token t's key for KV head kvh rotated, and its value, stored at cache slot `slot`: the code
+    _rotary_write_kv_kernel runs (rope_row, rotate_heads) for one head, so the cache gets the same bits."""
+    h, d, cos, sin = rope_row(COS, SIN, t, stride_cos, 1, HALF, BLOCK_HALF)
+    dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch
+    rotate_heads(K + t.to(tl.int64) * stride_kt + kvh * stride_kh, KC + dst, cos, sin, stride_kh, stride_ch,
+                 h, d, 1, HALF)
+    for half in tl.static_range(2):
+        src = V + t.to(tl.int64) * stride_vt + kvh * stride_vh + half * HALF + d
+        tl.store(VC + dst + half * HALF + d, tl.load(src, mask=d < HALF), mask=d < HALF)
+
+
+@triton.jit
+def _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs, o_ok, part, row_ok, d,
+                        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """Publish this split's partial state (fp32 scratch at part + split), count in on the (sequence,
+    KV head)'s counter; the last to arrive combines the splits, stores the output and resets the
+    counter for the next launch (graph replays too). As triton_gemv._split_k_reduce: a CTA barrier,
+    then one gpu-scope acq_rel atomic releases this program's stores and acquires the others'."""
+    m_at, l_at, acc_at = PART_M + part, PART_L + part, PART_ACC + part[:, None] * HEAD_DIM + d[None, :]
+    tl.store(m_at + tl.program_id(2), m_i, mask=row_ok)
+    tl.store(l_at + tl.program_id(2), l_i, mask=row_ok)
+    tl.store(acc_at + tl.program_id(2) * HEAD_DIM, acc, mask=o_ok)
+    tl.debug_barrier()
+    counter = COUNTS + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+        # Split order 0..NUM_SPLITS-1 whichever program came last: bitwise the same every run. Empty
+        # splits (m=-inf) weigh 0; no visible key at all gives 0, not NaN. .cg: read other SMs'
+        # partials from L2, never from a stale L1 line.
+        m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            m_max = tl.maximum(m_max, tl.load(m_at + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        l_sum = tl.zeros([BLOCK_M], tl.float32)
+        out = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            w = tl.exp(tl.load(m_at + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_max)
+            l_sum += w * tl.load(l_at + s, mask=row_ok, other=0.0, cache_modifier=".cg")
+            out += w[:, None] * tl.load(acc_at + s * HEAD_DIM, mask=o_ok, other=0.0, cache_modifier=".cg")
+        out = out / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+        tl.store(o_ptrs, out.to(o_ptrs.dtype.element_ty), mask=o_ok)
+        tl.store(counter, 0)
+
+
+@triton.jit
+def _decode_attn_kernel(
+    Q, K, V, COS, SIN, KC, VC, O, SLOTS, BT, SEQ_LENS, QSL, PART_M, PART_L, PART_ACC, COUNTS, scale, window,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_ot, stride_oh,
+    stride_cb, stride_cs, stride_ch, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)  # grid (num_seqs, num_kv_heads, NUM_SPLITS); the module docstring says why
+    kvh = tl.program_id(1)
+    t = tl.load(QSL + seq)  # the sequence's one query token, at position seq_len - 1
+    if tl.load(QSL + seq + 1) == t:
+        return  # no query token this step
+    seq_len = tl.load(SEQ_LENS + seq)
+    lo, start, end = _split_range(seq_len, window, tl.program_id(2), BLOCK_N, NUM_SPLITS, USE_WINDOW)
+    r = tl.arange(0, BLOCK_M)  # rows: the GROUP query heads of this KV head, padded for tl.dot
+    row_ok = r < GROUP
+    head = kvh * GROUP + r
+    d = tl.arange(0, BLOCK_D)
+    q = _rotated_q(Q, COS, SIN, t, head, row_ok, d, stride_qt, stride_qh, stride_cos, HEAD_DIM // 2)
+    slot = tl.load(SLOTS + t)
+    # The one split whose keys end at the new token stores it (negative slots: padding rows of
+    # CUDA-graph batches), then reads it back through the cache; no other split reads that slot.
+    if (start < end) & (end == seq_len) & (slot >= 0):
+        _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
+                      stride_cs, stride_ch, HEAD_DIM // 2, BLOCK_D // 2)
+        tl.debug_barrier()  # every thread's stores are visible to every thread's tile loads
+    m_i, l_i, acc = _attend_keys(q, KC, VC, BT, seq, kvh, lo, start, end, d, d < HEAD_DIM, scale, stride_bt,
+                                 stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, IEEE)
+    o_ptrs = O + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :]
+    o_ok = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(O.dtype.element_ty), mask=o_ok)
+    else:  # scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]
+        part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS
+        _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs, o_ok, part, row_ok, d,
+                            HEAD_DIM, NUM_SPLITS, BLOCK_M, BLOCK_D)
 
 
 def _decode_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -313,5 +440,61 @@ def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attent
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
         IEEE=q.dtype == torch.float32,
+    )
+    return out
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+"""device -> the fused decode kernel's int32 counters, one per (sequence, KV head) of a split batch."""
+_retired_counters: list[torch.Tensor] = []
+"""Outgrown counters, kept alive: a CUDA graph captured before they were outgrown still uses them."""
+
+
+def decode_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The device's split counters, at least max(n, SPLIT_BELOW_PROGRAMS) (so serving never grows
+    them), zero between launches. Never created inside CUDA graph capture, where the zero fill would
+    only be recorded; the decode graphs run each batch size eagerly before capturing it."""
+    counts = _counters.get(device)
+    if counts is not None and counts.numel() >= n:
+        return counts
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"decode attention: {n} split counters would be created during CUDA graph capture; "
+                           "run the batch size once before capturing")
+    if counts is not None:
+        _retired_counters.append(counts)
+    counts = _counters[device] = torch.zeros(max(n, SPLIT_BELOW_PROGRAMS), dtype=torch.int32, device=device)
+    return counts
+
+
+def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                            sliding_window: Optional[int] = None) -> torch.Tensor:
+    """A decode batch (at most one query token per sequence) in one launch: rotary on q [T, Hq, D]
+    and k [T, Hkv, D] by cos/sin [T, D], the rotated k and v stored at meta.slot_mapping, attention
+    over each context; returns [T, Hq, D], contiguous. q, k, v: un-rotated views with any token and
+    head strides (of a fused qkv output), last dim contiguous. Same cache bits as rotary_write_kv_triton."""
+    T, num_heads, head_dim = q.shape
+    num_seqs, num_kv_heads = meta.seq_lens.shape[0], k.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+    splits = decode_splits(num_seqs, num_kv_heads)
+    part_m = part_l = part_acc = counts = None  # NUM_SPLITS == 1 never touches them
+    if splits > 1:
+        # Fresh scratch each call (a captured graph keeps it in its memory pool); every partial of a
+        # sequence with a query token is written before its counter lets the last program read it.
+        part_m, part_l = torch.empty(2, num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
+        counts = decode_counters(q.device, num_seqs * num_kv_heads)
+    cos, sin = cos.contiguous(), sin.contiguous()
+    kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
+    _decode_attn_kernel[(num_seqs, num_kv_heads, splits)](
+        q, k, v, cos, sin, kc, vc, out, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        part_m, part_l, part_acc, counts, scale, sliding_window or 0,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+        out.stride(0), out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), meta.block_tables.stride(0),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=max(16, triton.next_power_of_2(num_heads // num_kv_heads)), BLOCK_N=DECODE_BLOCK_N,
+        PAGE=meta.block_size, NUM_SPLITS=splits, USE_WINDOW=bool(sliding_window), IEEE=q.dtype == torch.float32,
     )
     return out
