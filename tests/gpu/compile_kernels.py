@@ -30,6 +30,7 @@ from tritongen.ops import triton_gemv as tg  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
+INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gemm_allreduce_add_rms_norm_kernel": {"M", "K"}}
@@ -50,6 +51,8 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
             sig[name] = "constexpr"
         elif name in INT_ARGS or name in SIZES.get(kernel.fn.__name__, ()):
             sig[name] = "i32"
+        elif name in INT64_ARGS:
+            sig[name] = "i64"
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"
         elif name in FLOAT32_POINTERS:
@@ -104,12 +107,13 @@ def configs() -> list[tuple]:
             out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
         for rank, one_row in ((0, True), (1, False)) if dtype == "bf16" else ():  # TP=2, 13B hidden (5120 -> 8192)
             out.append((tar._allreduce_add_rms_norm_kernel, dtype,
-                        dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, BLOCK=8192),
+                        dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, TIMEOUT=True,
+                             BLOCK=8192),
                         dict(num_warps=8)))
             for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM, its input gated or not
                 out.append((tar._gemm_allreduce_add_rms_norm_kernel, dtype, dict(
                     RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, BLOCK_M=16, BLOCK_N=c["block_n"],
-                    BLOCK_K=c["block_k"], IEEE=False, GATED=not one_row, BLOCK=8192),
+                    BLOCK_K=c["block_k"], IEEE=False, GATED=not one_row, TIMEOUT=one_row, BLOCK=8192),
                     dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):

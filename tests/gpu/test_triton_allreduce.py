@@ -123,3 +123,33 @@ def test_gemm_all_reduce_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="single-pass"):
         gemm_allreduce_add_rms_norm(torch.zeros(1, 8, device=DEVICE), torch.zeros(HIDDEN, 8, device=DEVICE),
                                     {**cfg, "split_k": 4}, *args)
+
+
+_LONELY_RANK = """
+import torch
+from tritongen.ops.triton_allreduce import allreduce_add_rms_norm
+buf = torch.zeros(2, 1, 48, device="cuda")
+flags = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+ptrs = torch.tensor([buf.data_ptr()] * 2, dtype=torch.int64, device="cuda")
+flag_ptrs = torch.tensor([flags.data_ptr()] * 2, dtype=torch.int64, device="cuda")
+epoch = torch.zeros(4, dtype=torch.int32, device="cuda")
+try:
+    allreduce_add_rms_norm(ptrs, flag_ptrs, epoch, 0, 1, torch.zeros(1, 48, device="cuda"),
+                           torch.ones(48, device="cuda"), 1e-6, 0, timeout_s=0.5)
+    torch.cuda.synchronize()
+except RuntimeError as exc:
+    print("failed as it should:", exc)
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="the GPU clock; the interpreter has none")
+def test_a_peer_that_never_signals_fails_the_kernel_instead_of_hanging():
+    """A rank whose peer died must not spin forever: after its timeout the kernel traps and the
+    host gets a CUDA error (in a subprocess: a trap ends the CUDA context)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _LONELY_RANK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "failed as it should" in proc.stdout

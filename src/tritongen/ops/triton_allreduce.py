@@ -22,6 +22,8 @@ difference, so the int32 epochs may wrap.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -30,6 +32,8 @@ from tritongen.ops.triton_gemv import BLOCK_M, tile_product
 
 SLOTS = 128
 """Flags per rank: the most programs one call runs (about one wave on an H200's 132 SMs)."""
+DEFAULT_TIMEOUT_S = 600.0
+"""How long a kernel waits for a peer's signal before it fails (parallel.worker.timeout's default)."""
 
 
 @triton.jit
@@ -71,19 +75,39 @@ def _signal(FLAG_PTRS, EPOCH, slot, RANK: tl.constexpr, WORLD: tl.constexpr, NUM
 
 
 @triton.jit
-def _wait(FLAG_PTRS, slot, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, NUM_SLOTS: tl.constexpr):
-    """Spin until every peer's flag for (peer, slot) in this rank's flags reached `epoch` (acquire)."""
-    own_flags = tl.load(FLAG_PTRS + RANK).to(tl.pointer_type(tl.int32))
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            while tl.atomic_add(own_flags + p * NUM_SLOTS + slot, 0, sem="acquire", scope="sys") - epoch < 0:
-                pass
+def _globaltimer(dep):
+    """The GPU's nanosecond clock (`dep`: any scalar, only to give the value a shape)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=tl.int64, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
-def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offset, rows, stride_r, N, eps,
+def _trap(dep):
+    tl.inline_asm_elementwise("trap;\n\tmov.u32 $0, 0;", "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait(FLAG_PTRS, slot, epoch, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr, NUM_SLOTS: tl.constexpr,
+          TIMEOUT: tl.constexpr):
+    """Spin until every peer's flag for (peer, slot) in this rank's flags reached `epoch` (acquire).
+    TIMEOUT: after timeout_ns the kernel traps, which fails the stream with a CUDA error that the
+    host sees, instead of spinning forever on a peer that died (the interpreter has no clock)."""
+    own_flags = tl.load(FLAG_PTRS + RANK).to(tl.pointer_type(tl.int32))
+    if TIMEOUT:
+        start = _globaltimer(epoch)
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            while tl.atomic_add(own_flags + p * NUM_SLOTS + slot, 0, sem="acquire", scope="sys") - epoch < 0:
+                if TIMEOUT:
+                    if _globaltimer(epoch) - start > timeout_ns:
+                        _trap(epoch)
+
+
+@triton.jit
+def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offset, rows, stride_r, N, eps, timeout_ns,
                                    RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_POW2: tl.constexpr,
-                                   NUM_SLOTS: tl.constexpr, ONE_ROW: tl.constexpr, BLOCK: tl.constexpr):
+                                   NUM_SLOTS: tl.constexpr, ONE_ROW: tl.constexpr, TIMEOUT: tl.constexpr,
+                                   BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -97,7 +121,7 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
     if ONE_ROW:
         own = tl.load(_row_ptr(own_base, offset, pid, N, S.dtype.element_ty) + cols, mask=ok, other=0.0)
         r = tl.load(R + pid * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
-    _wait(FLAG_PTRS, pid, epoch, RANK, WORLD, NUM_SLOTS)
+    _wait(FLAG_PTRS, pid, epoch, timeout_ns, RANK, WORLD, NUM_SLOTS, TIMEOUT)
     if ONE_ROW:
         _sum_add_norm_row(bases, ranks, own, r, w, pid, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
     else:
@@ -109,10 +133,11 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
 
 @triton.jit
 def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT, R, W, Y, S, offset, M, K,
-                                        stride_xm, stride_wn, stride_r, N, eps, RANK: tl.constexpr,
+                                        stride_xm, stride_wn, stride_r, N, eps, timeout_ns, RANK: tl.constexpr,
                                         WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, NUM_SLOTS: tl.constexpr,
                                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                        IEEE: tl.constexpr, GATED: tl.constexpr, BLOCK: tl.constexpr):
+                                        IEEE: tl.constexpr, GATED: tl.constexpr, TIMEOUT: tl.constexpr,
+                                        BLOCK: tl.constexpr):
     """The row-parallel GEMM and what follows it in one launch (see gemm_allreduce_add_rms_norm)."""
     pid_n = tl.program_id(0)
     acc, m, n, m_ok, n_ok = tile_product(X, WT, pid_n, M, N, K, 0, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
@@ -132,7 +157,7 @@ def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT
         ranks = tl.arange(0, WORLD_POW2)
         bases = tl.load(BUF_PTRS + ranks, mask=ranks < WORLD, other=0)
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-        _wait(FLAG_PTRS, 0, epoch, RANK, WORLD, NUM_SLOTS)
+        _wait(FLAG_PTRS, 0, epoch, timeout_ns, RANK, WORLD, NUM_SLOTS, TIMEOUT)
         for row in range(0, M):
             # The other programs' tiles: past L1 (.cg), which may hold nothing of them anyway.
             own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0,
@@ -154,31 +179,40 @@ def _outputs(residual: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.T
     return r2, y, torch.empty_like(y)
 
 
+def _timeout_ns(timeout_s: float) -> tuple[int, bool]:
+    """(timeout in ns, whether the kernel checks it): not in Triton's interpreter (no GPU clock)."""
+    return int(timeout_s * 1e9), os.environ.get("TRITON_INTERPRET") != "1" and timeout_s > 0
+
+
 def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoch: torch.Tensor, offset: int,
-                           rows: int, residual: torch.Tensor, weight: torch.Tensor, eps: float, rank: int
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           rows: int, residual: torch.Tensor, weight: torch.Tensor, eps: float, rank: int,
+                           timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(Σ_ranks partial + residual), Σ_ranks partial + residual) for `rows` rows.
 
     buf_ptrs / flag_ptrs: int64 [world] addresses of every rank's symmetric buffer / int32 flags
     ([world, slots] each); epoch: this rank's int32 [slots] counters (slots: at most that many
     programs run); offset: elements from the buffer start to row 0 of the partial sums ([rows,
-    hidden], contiguous). Every rank must make the same sequence of calls."""
+    hidden], contiguous). Every rank must make the same sequence of calls. A peer that has not
+    signalled after timeout_s (0: wait forever) fails the kernel with a CUDA error (a dead rank must
+    not hang this one)."""
     world, slots = buf_ptrs.numel(), epoch.numel()
     if rows < 1:
         raise ValueError(f"allreduce_add_rms_norm takes at least one row, got {rows}")
     r2, y, s = _outputs(residual, offset)
     n = r2.shape[1]
+    timeout_ns, check = _timeout_ns(timeout_s)
     _allreduce_add_rms_norm_kernel[(min(rows, slots),)](
-        buf_ptrs, flag_ptrs, epoch, r2, weight, y, s, offset, rows, r2.stride(0), n, eps, RANK=rank, WORLD=world,
-        WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=slots, ONE_ROW=rows <= slots,
-        BLOCK=triton.next_power_of_2(n), num_warps=8)
+        buf_ptrs, flag_ptrs, epoch, r2, weight, y, s, offset, rows, r2.stride(0), n, eps, timeout_ns, RANK=rank,
+        WORLD=world, WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=slots, ONE_ROW=rows <= slots,
+        TIMEOUT=check, BLOCK=triton.next_power_of_2(n), num_warps=8)
     return y.view(residual.shape), s.view(residual.shape)
 
 
 def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict, buf_ptrs: torch.Tensor,
                                 flag_ptrs: torch.Tensor, epoch: torch.Tensor, count: torch.Tensor, offset: int,
                                 residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, rank: int,
-                                gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                gated: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """allreduce_add_rms_norm of this rank's partial sums x [rows, K] @ weight [hidden, K].T, computed in
     the same launch: each program stores its tile of the product into this rank's buffer at `offset`,
     the last one to finish (counted on `count`, an int32 that is zero between launches) signals the
@@ -200,10 +234,12 @@ def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict
     n = r2.shape[1]
     if x.stride(-1) != 1:
         x = x.contiguous()
+    timeout_ns, check = _timeout_ns(timeout_s)
     _gemm_allreduce_add_rms_norm_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, buf_ptrs, flag_ptrs, epoch, count, r2, norm_weight, y, s, offset, rows, k, x.stride(0),
-        weight.stride(0), r2.stride(0), n, eps, RANK=rank, WORLD=world, WORLD_POW2=triton.next_power_of_2(world),
-        NUM_SLOTS=epoch.numel(), BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-        IEEE=x.dtype == torch.float32, GATED=gated, BLOCK=triton.next_power_of_2(n), num_warps=cfg["num_warps"],
+        weight.stride(0), r2.stride(0), n, eps, timeout_ns, RANK=rank, WORLD=world,
+        WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=epoch.numel(), BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"],
+        BLOCK_K=cfg["block_k"], IEEE=x.dtype == torch.float32, GATED=gated, TIMEOUT=check,
+        BLOCK=triton.next_power_of_2(n), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return y.view(residual.shape), s.view(residual.shape)

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from tritongen.ops import kernels
+from tritongen.parallel.worker import timeout
 
 logger = logging.getLogger(__name__)
 
@@ -228,12 +229,15 @@ class SymmetricAllReduce:
         p = self.peers
         assert p is not None
         offset = half * self.fused.shape[1] * self.hidden
+        wait = timeout().total_seconds()  # a dead peer fails the kernel after this, as NCCL's watchdog does
         if gemm is not None:
             x, w, cfg, gated = gemm
             return triton_allreduce.gemm_allreduce_add_rms_norm(x, w, cfg, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
-                                                                offset, residual, weight, eps, p.rank, gated=gated)
+                                                                offset, residual, weight, eps, p.rank, gated=gated,
+                                                                timeout_s=wait)
         return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
-                                                       x.numel() // x.shape[-1], residual, weight, eps, p.rank)
+                                                       x.numel() // x.shape[-1], residual, weight, eps, p.rank,
+                                                       timeout_s=wait)
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         """Sum `out` (a view from `output`) over the ranks, in place."""
