@@ -93,14 +93,18 @@ def _wait(FLAG_PTRS, slot, epoch, timeout_ns, RANK: tl.constexpr, WORLD: tl.cons
     TIMEOUT: after timeout_ns the kernel traps, which fails the stream with a CUDA error that the
     host sees, instead of spinning forever on a peer that died (the interpreter has no clock)."""
     own_flags = tl.load(FLAG_PTRS + RANK).to(tl.pointer_type(tl.int32))
-    if TIMEOUT:
-        start = _globaltimer(epoch)
     for p in tl.static_range(WORLD):
         if p != RANK:
+            spins = 0
+            start = epoch.to(tl.int64) * 0
             while tl.atomic_add(own_flags + p * NUM_SLOTS + slot, 0, sem="acquire", scope="sys") - epoch < 0:
-                if TIMEOUT:
-                    if _globaltimer(epoch) - start > timeout_ns:
-                        _trap(epoch)
+                if TIMEOUT:  # the clock only once the wait is long (1024 polls, ~ms): nothing on the fast path
+                    spins += 1
+                    if spins % 1024 == 0:
+                        if spins == 1024:
+                            start = _globaltimer(epoch)
+                        elif _globaltimer(epoch) - start > timeout_ns:
+                            _trap(epoch)
 
 
 @triton.jit
