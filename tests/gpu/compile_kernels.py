@@ -116,10 +116,9 @@ def configs() -> list[tuple]:
                     BLOCK_K=c["block_k"], IEEE=False, GATED=not one_row, TIMEOUT=one_row, BLOCK=8192),
                     dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
-        for i, c in enumerate(tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32)):
+        for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
-                                                            SPLIT_K=c["split_k"], IEEE=dtype == "fp32",
-                                                            GATED=i % 3 == 0),  # down_proj's input: silu(gate) * up
+                                                            SPLIT_K=c["split_k"], IEEE=dtype == "fp32"),
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
     return out
 

@@ -381,32 +381,6 @@ def test_skinny_linear_split_k_matches_reference(dtype, m, n, k, block_n, block_
     assert not counts.any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,split_k", [(1, 1), (3, 1), (2, 4)])
-def test_gated_skinny_linear_is_silu_mul_then_the_product(dtype, m, split_k):
-    """down_proj's input silu(gate) * up applied as the skinny GEMM loads x (gate | up): the same
-    bits as the SiLU·mul kernel followed by the GEMM; kernels.linear's fallback (CPU) the same
-    as the reference's two steps."""
-    from tritongen.ops import kernels
-    from tritongen.ops.triton_elementwise import silu_and_mul
-    from tritongen.ops.triton_gemv import skinny_linear
-
-    if INTERPRET and dtype is torch.bfloat16:
-        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
-    g = torch.Generator().manual_seed(5)
-    n, k = 48, 200  # k: not a multiple of block_k, so the last tile (and the up half's) is masked
-    gate_up = torch.randn(m, 2 * k, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
-    cfg = dict(block_n=32, block_k=64, num_warps=4, num_stages=2, split_k=split_k)
-    two_launches = skinny_linear(silu_and_mul(gate_up[:, :k], gate_up[:, k:]), w, **cfg)
-    assert torch.equal(skinny_linear(gate_up, w, **cfg, gated=True), two_launches)
-    with pytest.raises(ValueError, match="gated"):
-        skinny_linear(gate_up[:, 1:], w, **cfg, gated=True)
-    cpu = gate_up.float().cpu()
-    want = reference.silu_and_mul(cpu[:, :k], cpu[:, k:]) @ w.float().cpu().T
-    torch.testing.assert_close(kernels.linear(cpu, w.float().cpu(), gated=True), want)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="arrival order and graph replays need a GPU")
 def test_split_k_is_deterministic_across_runs_and_graph_replays():
     """A TP=2 13B o_proj at 1 row, split 4: thousands of programs race for the tile counters, yet

@@ -19,11 +19,8 @@ from tritongen.ops.attention import AttentionMetadata, rotary_attention
 class Linear(nn.Linear):
     """nn.Linear whose product dispatches through ops.kernels (a Triton GEMM for decode batches on CUDA)."""
 
-    takes_gate_up = True
-    """forward(gate_up, gated=True) computes self(silu(gate) * up) (LlamaMLP's down_proj)."""
-
-    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        return kernels.linear(x, self.weight, self.bias, gated=gated)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -107,7 +104,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        elif getattr(self.down_proj, "takes_gate_up", False):  # SiLU·mul inside down_proj's GEMM where it can
+        elif getattr(self.down_proj, "takes_gate_up", False):  # TP: SiLU·mul inside the reducing kernel
             return self.down_proj(self.gate_up_proj(x), gated=True)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -27,17 +27,13 @@ def use_triton(enabled: bool) -> None:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None, gated: bool = False) -> torch.Tensor:
-    """F.linear; with `out` (x 2-D, out [rows, N] contiguous) the product is written there.
-    gated: x is [..., 2K], gate | up (the MLP's), and the input is silu(gate) * up — inside the
-    skinny GEMM where it serves the shape, else through silu_and_mul first."""
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear; with `out` (x 2-D, out [rows, N] contiguous) the product is written there."""
     if _gemv is not None and x.is_cuda:
         rows = x.numel() // x.shape[-1]
         cfg = _gemv.config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
         if cfg is not None:
-            return _gemv.linear(x, weight, cfg, bias, out=out, gated=gated)
-    if gated:
-        x = silu_and_mul(*x.chunk(2, dim=-1))
+            return _gemv.linear(x, weight, cfg, bias, out=out)
     if out is None:
         return F.linear(x, weight, bias)
     if bias is None:

@@ -75,7 +75,7 @@ def tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn, BLO
 @triton.jit
 def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr = False):
+                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
     # unused). SPLIT_K > 1: see _split_k_reduce.
     pid_n = tl.program_id(0)
@@ -86,7 +86,7 @@ def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
         k_start = tl.program_id(1) * K_PER_SPLIT
         k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc, m, n, m_ok, n_ok = tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn,
-                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE, GATED)
+                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
     y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -118,17 +118,15 @@ def _split_k_reduce(acc, PART, COUNTS, y_ptrs, pid_n, m_ok, n_ok,
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                   block_n: int = 32, block_k: int = 256, num_warps: int = 4, num_stages: int = 4,
-                  split_k: int = 1, out: Optional[torch.Tensor] = None, gated: bool = False) -> torch.Tensor:
+                  split_k: int = 1, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] (M <= 16), weight [N, K] (row-major, as nn.Linear stores it) -> [M, N] in x's dtype
     (written into `out`, contiguous [M, N], when given). split_k > 1 splits K over that many programs
-    per N tile, through the device's shared workspace (split_workspace): calls on one stream only.
-    gated: x is [M, 2K], gate | up, and the input is silu(gate) * up, applied as x is loaded (the
-    SiLU·mul kernel's rounding: the same bits as running it first, one launch fewer)."""
-    M, K = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
+    per N tile, through the device's shared workspace (split_workspace): calls on one stream only."""
+    M, K = x.shape
     N, K2 = weight.shape
-    if M > BLOCK_M or K != K2 or gated and x.shape[1] != 2 * K:
-        raise ValueError(f"skinny_linear takes x [M <= {BLOCK_M}, K] ([M, 2K] gated) and weight [N, K]; got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if M > BLOCK_M or K != K2:
+        raise ValueError(f"skinny_linear takes x [M <= {BLOCK_M}, K] and weight [N, K]; got {tuple(x.shape)} "
+                         f"and {tuple(weight.shape)}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if weight.stride(-1) != 1:
@@ -145,7 +143,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         _skinny_gemm_kernel[(tiles, split_k)](
             x, weight, y, part, counts, M, N, K, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-            GATED=gated, num_warps=num_warps, num_stages=num_stages)
+            num_warps=num_warps, num_stages=num_stages)
     if bias is None:
         return y
     return y.add_(bias) if out is not None else y + bias
@@ -296,9 +294,8 @@ def _time_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None, gated: bool = False) -> torch.Tensor:
-    """F.linear for x [..., K] with at most MAX_ROWS rows (the caller checks), via skinny_linear
-    (gated: x [..., 2K] gate | up, the input silu(gate) * up)."""
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear for x [..., K] with at most MAX_ROWS rows (the caller checks), via skinny_linear."""
     lead = x.shape[:-1]
-    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg, out=out, gated=gated)
+    y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg, out=out)
     return y.reshape(*lead, weight.shape[0])
