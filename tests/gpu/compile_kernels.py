@@ -110,10 +110,10 @@ def configs() -> list[tuple]:
                         dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, TIMEOUT=True,
                              BLOCK=8192),
                         dict(num_warps=8)))
-            for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM, its input gated or not
+            for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM
                 out.append((tar._gemm_allreduce_add_rms_norm_kernel, dtype, dict(
                     RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, BLOCK_M=16, BLOCK_N=c["block_n"],
-                    BLOCK_K=c["block_k"], IEEE=False, GATED=not one_row, TIMEOUT=one_row, BLOCK=8192),
+                    BLOCK_K=c["block_k"], IEEE=False, TIMEOUT=one_row, BLOCK=8192),
                     dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):

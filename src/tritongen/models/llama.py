@@ -104,8 +104,6 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        elif getattr(self.down_proj, "takes_gate_up", False):  # TP: SiLU·mul inside the reducing kernel
-            return self.down_proj(self.gate_up_proj(x), gated=True)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(kernels.silu_and_mul(gate, up))

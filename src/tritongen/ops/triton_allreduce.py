@@ -140,12 +140,12 @@ def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT
                                         stride_xm, stride_wn, stride_r, N, eps, timeout_ns, RANK: tl.constexpr,
                                         WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, NUM_SLOTS: tl.constexpr,
                                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                        IEEE: tl.constexpr, GATED: tl.constexpr, TIMEOUT: tl.constexpr,
+                                        IEEE: tl.constexpr, TIMEOUT: tl.constexpr,
                                         BLOCK: tl.constexpr):
     """The row-parallel GEMM and what follows it in one launch (see gemm_allreduce_add_rms_norm)."""
     pid_n = tl.program_id(0)
     acc, m, n, m_ok, n_ok = tile_product(X, WT, pid_n, M, N, K, 0, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, IEEE, GATED)
+                                         BLOCK_K, IEEE)
     own_base = tl.load(BUF_PTRS + RANK)
     part = own_base.to(tl.pointer_type(S.dtype.element_ty)) + offset
     tl.store(part + m[:, None] * N + n[None, :], acc.to(S.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -215,7 +215,7 @@ def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoc
 def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict, buf_ptrs: torch.Tensor,
                                 flag_ptrs: torch.Tensor, epoch: torch.Tensor, count: torch.Tensor, offset: int,
                                 residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, rank: int,
-                                gated: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S
+                                timeout_s: float = DEFAULT_TIMEOUT_S
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """allreduce_add_rms_norm of this rank's partial sums x [rows, K] @ weight [hidden, K].T, computed in
     the same launch: each program stores its tile of the product into this rank's buffer at `offset`,
@@ -223,14 +223,11 @@ def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict
     peers, waits for theirs and reduces, adds and normalizes every row. At batch 1 on two H200s a
     separate all-reduce launch costs ~7 µs per row-parallel layer, most of it fixed cost; here it
     is the last program's tail. `cfg`: a single-pass configuration of ops/triton_gemv (block_n,
-    block_k, num_warps, num_stages). For few rows: one program reduces them all. gated: x is
-    [rows, 2K], a gate | up row of the MLP, and the product is (silu(gate) * up) @ weight.T (the
-    activation applied as the programs load x: no SiLU·mul launch before down_proj)."""
-    rows, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
+    block_k, num_warps, num_stages). For few rows: one program reduces them all."""
+    rows, k = x.shape
     world = buf_ptrs.numel()
-    if not 1 <= rows <= BLOCK_M or weight.shape != (residual.shape[-1], k) or gated and x.shape[1] != 2 * k:
-        raise ValueError(f"gemm_allreduce_add_rms_norm takes x [1..{BLOCK_M}, K] ([.., 2K] gated) and weight "
-                         f"[hidden, K]; got "
+    if not 1 <= rows <= BLOCK_M or weight.shape != (residual.shape[-1], k):
+        raise ValueError(f"gemm_allreduce_add_rms_norm takes x [1..{BLOCK_M}, K] and weight [hidden, K]; got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
     if cfg.get("split_k", 1) != 1:
         raise ValueError(f"gemm_allreduce_add_rms_norm runs single-pass configurations, not {cfg}")
@@ -243,7 +240,7 @@ def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict
         x, weight, buf_ptrs, flag_ptrs, epoch, count, r2, norm_weight, y, s, offset, rows, k, x.stride(0),
         weight.stride(0), r2.stride(0), n, eps, timeout_ns, RANK=rank, WORLD=world,
         WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=epoch.numel(), BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"],
-        BLOCK_K=cfg["block_k"], IEEE=x.dtype == torch.float32, GATED=gated, TIMEOUT=check,
+        BLOCK_K=cfg["block_k"], IEEE=x.dtype == torch.float32, TIMEOUT=check,
         BLOCK=triton.next_power_of_2(n), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return y.view(residual.shape), s.view(residual.shape)

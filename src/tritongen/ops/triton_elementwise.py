@@ -118,22 +118,14 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 @triton.jit
-def silu_mul(g, u, ty: tl.constexpr):
-    """silu(g) * u in `ty`, rounded as the reference rounds (after the SiLU, after the product);
-    shared with the GEMM + all-reduce kernel, which applies it to its input as it loads it."""
-    g = g.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)  # reference rounds here
-    return (silu * u.to(tl.float32)).to(ty)
-
-
-@triton.jit
 def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
-    g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0)
-    u = tl.load(U + row * stride_u + cols, mask=ok, other=0.0)
-    tl.store(Y + row * N + cols, silu_mul(g, u, Y.dtype.element_ty), mask=ok)
+    g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)  # reference rounds here
+    tl.store(Y + row * N + cols, (silu * u).to(Y.dtype.element_ty), mask=ok)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

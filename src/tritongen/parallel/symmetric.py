@@ -136,8 +136,8 @@ class SymmetricAllReduce:
         self.gemm_rows = int(os.environ.get("TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS", DEFAULT_GEMM_ROWS))
         self._pending: Optional[tuple[int, int]] = None
         """(data_ptr, half) of partial sums handed out by `partial` and not reduced yet."""
-        self._gemm: Optional[tuple[torch.Tensor, torch.Tensor, dict, bool]] = None
-        """(x, weight, configuration, gated) of a pending product left to the reducing kernel (`defer_gemm`)."""
+        self._gemm: Optional[tuple[torch.Tensor, torch.Tensor, dict]] = None
+        """(x, weight, configuration) of a pending product left to the reducing kernel (`defer_gemm`)."""
 
     @classmethod
     def create(cls, dtype: torch.dtype, device: torch.device, hidden: int = 0, fused_rows: Optional[int] = None
@@ -193,16 +193,15 @@ class SymmetricAllReduce:
         self._pending = (part.data_ptr(), half)
         return part
 
-    def defer_gemm(self, x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+    def defer_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Leave the product x [rows, K] @ weight.T of the partial sums just handed out by `partial` to
         the reducing kernel (one launch for GEMM, all-reduce, add and RMSNorm), where it applies:
         up to `gemm_rows` rows with a measured single-pass skinny GEMM configuration. The decision
-        depends only on what every rank sees alike (rows, shape, the rank-agreed measurements).
-        gated: x is [rows, 2K] gate | up, and the product is (silu(gate) * up) @ weight.T."""
+        depends only on what every rank sees alike (rows, shape, the rank-agreed measurements)."""
         cfg = kernels.single_pass_gemm_config(weight, x.shape[0]) if x.shape[0] <= self.gemm_rows else None
         if cfg is None or self._pending is None:
             return False
-        self._gemm = (x, weight, cfg, gated)
+        self._gemm = (x, weight, cfg)
         return True
 
     def is_pending(self, x: torch.Tensor) -> bool:
@@ -231,10 +230,8 @@ class SymmetricAllReduce:
         offset = half * self.fused.shape[1] * self.hidden
         wait = timeout().total_seconds()  # a dead peer fails the kernel after this, as NCCL's watchdog does
         if gemm is not None:
-            x, w, cfg, gated = gemm
-            return triton_allreduce.gemm_allreduce_add_rms_norm(x, w, cfg, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
-                                                                offset, residual, weight, eps, p.rank, gated=gated,
-                                                                timeout_s=wait)
+            return triton_allreduce.gemm_allreduce_add_rms_norm(*gemm, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
+                                                                offset, residual, weight, eps, p.rank, timeout_s=wait)
         return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
                                                        x.numel() // x.shape[-1], residual, weight, eps, p.rank,
                                                        timeout_s=wait)

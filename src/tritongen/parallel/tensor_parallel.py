@@ -230,24 +230,16 @@ class RowParallelLinear(nn.Linear):
                          device=w.device, dtype=w.dtype)
         self.shard, self.half = shard, half
 
-    takes_gate_up = True
-    """forward(gate_up, gated=True) computes down_proj(silu(gate) * up) (models/llama.LlamaMLP)."""
-
-    def forward(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        """The row-parallel product of x [..., in_features]; gated: x is [..., 2 * in_features],
-        gate | up, and the input is silu(gate) * up (applied inside the GEMM + all-reduce kernel
-        where that runs, else by the SiLU·mul kernel first)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         sym = self.shard.symmetric
         rows = x.numel() // x.shape[-1]
         if sym is not None and self.bias is None:
             part = sym.partial(self.half, rows, self.out_features)
             if part is not None:
                 x2 = x.reshape(rows, x.shape[-1])
-                if not sym.defer_gemm(x2, self.weight, gated):  # else the ReducingRMSNorm's kernel computes it
-                    kernels.linear(_silu_mul(x2) if gated else x2, self.weight, out=part)
+                if not sym.defer_gemm(x2, self.weight):  # else the ReducingRMSNorm's kernel computes it
+                    kernels.linear(x2, self.weight, out=part)
                 return part.view(*x.shape[:-1], self.out_features)
-        if gated:
-            x = _silu_mul(x)
         out = sym.output(rows, self.out_features) if sym is not None else None
         if out is None:
             y = self.shard.all_reduce(kernels.linear(x, self.weight))
@@ -255,10 +247,6 @@ class RowParallelLinear(nn.Linear):
             kernels.linear(x.reshape(-1, x.shape[-1]), self.weight, out=out)
             y = sym.all_reduce_(out).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
-
-
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return kernels.silu_and_mul(*gate_up.chunk(2, dim=-1))
 
 
 class ReducingRMSNorm(RMSNorm):
