@@ -224,7 +224,8 @@ def _qkv_case(h, hkv, d, bs, seqs, dtype, pad=True):
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("case", DECODE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, monkeypatch):
+@pytest.mark.parametrize("fused_unsplit", [True, False])
+def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, fused_unsplit, monkeypatch):
     """decode_attention_triton (rotary, KV write and attention in one kernel) against the reference's
     rotary + write_kv_cache_ref + paged_attention_ref. The cache holds rotary_write_kv_triton's bits
     (the padding row's slot untouched), the split counters are back at zero, a second call (same
@@ -234,7 +235,10 @@ def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, 
     h, hkv, d, bs, seqs, window = case
     if INTERPRET and dtype is torch.bfloat16:
         pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    if splits > 1 and not fused_unsplit:
+        pytest.skip("FUSED_UNSPLIT only decides unsplit batches")
     monkeypatch.setattr(ta, "decode_splits", lambda num_seqs, num_kv_heads: splits)
+    monkeypatch.setattr(ta, "FUSED_UNSPLIT", fused_unsplit)  # off: large batches take the two steps
     q, k, v, cos, sin, kv, meta, pad_slot = _qkv_case(h, hkv, d, bs, seqs, dtype)
     want_q, want_k = reference.apply_rotary(q, k, cos, sin)
     kv_ref, kv_two_step, before = kv.clone(), kv.clone(), kv.clone()

@@ -444,6 +444,10 @@ def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attent
     return out
 
 
+FUSED_UNSPLIT = False
+"""Whether decode batches too large to split (NUM_SPLITS 1) take the fused kernel as well. Off: on an
+H200 the fused kernel lost there (13B offline sharegpt-like-1000, same job: 16.28 vs 16.51 req/s with
+the separate rotary + attention kernels) while winning at batch 1 (7.059 vs 7.162 ms/step)."""
 _counters: dict[torch.device, torch.Tensor] = {}
 """device -> the fused decode kernel's int32 counters, one per (sequence, KV head) of a split batch."""
 _retired_counters: list[torch.Tensor] = []
@@ -479,6 +483,9 @@ def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     if T == 0:
         return out
     splits = decode_splits(num_seqs, num_kv_heads)
+    if splits == 1 and not FUSED_UNSPLIT:
+        q = rotary_write_kv_triton(q, k, v, cos, sin, kv_cache, meta.slot_mapping)
+        return paged_attention_triton(q, kv_cache, meta, scale, sliding_window)
     part_m = part_l = part_acc = counts = None  # NUM_SPLITS == 1 never touches them
     if splits > 1:
         # Fresh scratch each call (a captured graph keeps it in its memory pool); every partial of a
