@@ -153,6 +153,8 @@ def test_small_batches_leave_the_row_parallel_gemm_to_the_reducing_kernel(monkey
 
     hidden = 4
     sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, 32, hidden))
+    assert sym.gemm_rows == symmetric.DEFAULT_GEMM_ROWS
+    sym.gemm_rows = 4  # as TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS=4 sets it
     cfg = dict(block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=1)
     monkeypatch.setattr(kernels, "single_pass_gemm_config", lambda w, rows: cfg if rows <= 16 else None)
     seen = []

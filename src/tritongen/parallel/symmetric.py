@@ -48,10 +48,11 @@ logger = logging.getLogger(__name__)
 
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
-DEFAULT_GEMM_ROWS = 4
+DEFAULT_GEMM_ROWS = 0
 """Batches up to this many rows (and at most 16) also run the row-parallel GEMM in the same launch
 (ops/triton_allreduce.gemm_allreduce_add_rms_norm), unless TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS says
-otherwise (0: off)."""
+otherwise (e.g. 4). Off by default until it has run on two GPUs: its tests passed on one H200 with
+two ranks simulated in one process, but no 2-GPU machine was lent in the session that wrote it."""
 DEFAULT_FUSED_ROWS = 512
 """Batches up to this many rows reduce inside the following RMSNorm's kernel, unless
 `create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the 2×H200
