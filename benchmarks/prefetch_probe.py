@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pdl_probe import time_us  # a sibling script: benchmarks/ is on sys.path when run as a script
+
 
 @triton.jit
 def prefetch_l2(ptrs):
@@ -68,7 +70,10 @@ def main() -> None:
     # Calibrate the spin count to --tail-us with a lone tail kernel.
     spin = 1000
     for _ in range(3):
-        us = _time(lambda: [_tail_kernel[(1,)](ws[0], sink, 1, 0, 1, spin, BLOCK_R=8, BLOCK_C=16) for _ in range(20)], 20, graph=True) / 20
+        def tails(spin=spin) -> None:
+            for _ in range(20):
+                _tail_kernel[(1,)](ws[0], sink, 1, 0, 1, spin, BLOCK_R=8, BLOCK_C=16)
+        us = time_us(tails, 20, graph=True) / 20
         spin = max(1, int(spin * args.tail_us / us))
     print(f"tail: {spin} spin steps ~ {args.tail_us} us; {args.programs} programs")
     gbytes = sum(w.numel() * 2 for w in ws) / 1e9
@@ -81,28 +86,8 @@ def main() -> None:
                 cols = min(nxt.shape[1], int(mb * 1e6 / 2 / nxt.shape[0]) // 64 * 64)
                 _tail_kernel[(args.programs if cols else 1,)](nxt, sink, nxt.shape[0], cols, nxt.stride(0), spin,
                                                               BLOCK_R=8, BLOCK_C=16)
-        us = _time(chain, args.reps, graph=True)
+        us = time_us(chain, args.reps, graph=True)
         print(f"{mb:>11.0f} {us / args.layers:>9.2f} {gbytes / us * 1e3:>9.2f}", flush=True)
-
-
-def _time(fn, reps: int, graph: bool = False) -> float:
-    fn()
-    torch.cuda.synchronize()
-    run = fn
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        run = g.replay
-    run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
 
 
 if __name__ == "__main__":
