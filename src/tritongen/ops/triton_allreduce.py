@@ -34,6 +34,8 @@ SLOTS = 128
 """Flags per rank: the most programs one call runs (about one wave on an H200's 132 SMs)."""
 DEFAULT_TIMEOUT_S = 600.0
 """How long a kernel waits for a peer's signal before it fails (parallel.worker.timeout's default)."""
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""Decided at import, as triton.jit decides it: the interpreter has no GPU clock to time out on."""
 
 
 @triton.jit
@@ -185,7 +187,7 @@ def _outputs(residual: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.T
 
 def _timeout_ns(timeout_s: float) -> tuple[int, bool]:
     """(timeout in ns, whether the kernel checks it): not in Triton's interpreter (no GPU clock)."""
-    return int(timeout_s * 1e9), os.environ.get("TRITON_INTERPRET") != "1" and timeout_s > 0
+    return int(timeout_s * 1e9), not _INTERPRETED and timeout_s > 0
 
 
 def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoch: torch.Tensor, offset: int,

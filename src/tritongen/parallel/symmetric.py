@@ -135,6 +135,8 @@ class SymmetricAllReduce:
         self.buf, self.group_name, self.fused, self.peers = buf, group_name, fused, peers
         self.hidden = fused.shape[-1] if fused is not None else 0
         self.gemm_rows = int(os.environ.get("TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS", DEFAULT_GEMM_ROWS))
+        self.timeout_s = timeout().total_seconds()
+        """A dead peer fails the fused kernels after this, as NCCL's watchdog fails a collective."""
         self._pending: Optional[tuple[int, int]] = None
         """(data_ptr, half) of partial sums handed out by `partial` and not reduced yet."""
         self._gemm: Optional[tuple[torch.Tensor, torch.Tensor, dict]] = None
@@ -229,13 +231,13 @@ class SymmetricAllReduce:
         p = self.peers
         assert p is not None
         offset = half * self.fused.shape[1] * self.hidden
-        wait = timeout().total_seconds()  # a dead peer fails the kernel after this, as NCCL's watchdog does
         if gemm is not None:
             return triton_allreduce.gemm_allreduce_add_rms_norm(*gemm, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
-                                                                offset, residual, weight, eps, p.rank, timeout_s=wait)
+                                                                offset, residual, weight, eps, p.rank,
+                                                                timeout_s=self.timeout_s)
         return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
                                                        x.numel() // x.shape[-1], residual, weight, eps, p.rank,
-                                                       timeout_s=wait)
+                                                       timeout_s=self.timeout_s)
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         """Sum `out` (a view from `output`) over the ranks, in place."""
