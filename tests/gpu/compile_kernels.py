@@ -6,7 +6,7 @@ configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.p
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
 SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the
 split-decode kernel and its reduce at the largest split count, the fused decode kernel unsplit and
-at the largest split count, and every skinny GEMM candidate. The PTX of kernels whose last program
+at the largest split count, every skinny GEMM candidate and every gated (gate/up + SiLU·mul) one. The PTX of kernels whose last program
 reduces (split-K GEMMs, split fused decode) is checked for the memory ordering they rely on, and
 the fused decode kernel's for the barrier after its KV write.
 """
@@ -33,7 +33,8 @@ FLOAT_ARGS = {"eps", "scale"}
 INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
-SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gemm_allreduce_add_rms_norm_kernel": {"M", "K"}}
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gemm_allreduce_add_rms_norm_kernel": {"M", "K"},
+         "_gated_gemm_kernel": {"M", "N", "K"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART"}  # rope tables, split scratch
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
@@ -119,6 +120,10 @@ def configs() -> list[tuple]:
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
                                                             SPLIT_K=c["split_k"], IEEE=dtype == "fp32"),
+                        dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
+        for c in tg.gated_candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
+            out.append((tg._gated_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
+                                                           IEEE=dtype == "fp32"),
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
     return out
 

@@ -409,6 +409,90 @@ def test_split_k_is_deterministic_across_runs_and_graph_replays():
     assert not triton_gemv._workspaces[x.device][1].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m, n, k, block_n, block_k", [
+    (1, 96, 64, 32, 64), (3, 100, 300, 16, 128), (16, 64, 1000, 64, 256), (8, 33, 17, 32, 64)])
+def test_gated_gemm_matches_the_unfused_reference(dtype, m, n, k, block_n, block_k):
+    """SiLU·mul in the gate/up GEMM's epilogue: the same as the float64 product, split into gate and
+    up, through the reference activation; ragged N and K tiles; odd stacks and split-K refused."""
+    from tritongen.ops import triton_gemv
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(2 * n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    cfg = dict(block_n=block_n, block_k=block_k, num_stages=2 if dtype is torch.float32 else 4)  # shared memory
+    got = triton_gemv.gated_skinny_linear(x, w, **cfg)
+    assert got.shape == (m, n) and got.dtype == dtype
+    gate, up = (x.double() @ w.double().T).chunk(2, dim=-1)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype is torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.double(), reference.silu_and_mul(gate, up), **tol)
+    # the gate half alone must not do: a kernel that read the wrong half fails here
+    assert not torch.allclose(got.double(), reference.silu_and_mul(gate, gate), **tol)
+    lead = triton_gemv.gated_linear(x.reshape(1, m, k), w, cfg)
+    assert lead.shape == (1, m, n) and torch.equal(lead[0], got)
+    with pytest.raises(ValueError, match=r"weight \[2N, K\]"):
+        triton_gemv.gated_skinny_linear(x, w[:-1])
+    with pytest.raises(ValueError, match="split_k=4"):
+        triton_gemv.gated_skinny_linear(x, w, split_k=4)
+
+
+def test_gated_selection_follows_the_agreed_timings_against_the_unfused_pair(monkeypatch):
+    """The fused kernel replaces the GEMM + SiLU·mul pair where it is faster by GATED_MIN_GAIN, on the
+    timings the ranks agree on; the choice is what gated_config_for answers."""
+    from tritongen.ops import triton_gemv
+
+    monkeypatch.setattr(triton_gemv, "_gated", {})
+    n_cfg = len(triton_gemv.gated_candidates(torch.float32))
+    monkeypatch.setattr(triton_gemv, "_time_gated_case",
+                        lambda case, group: [40.0] + [39.0 if i == 1 else 60.0 for i in range(n_cfg)])
+    w64, w48 = torch.zeros(64, 32), torch.zeros(48, 32)
+
+    def agree(times):  # over the ranks the 48-row stack at 1 row only just misses the bound
+        out = list(times)
+        out[2 * (1 + n_cfg) + 2] = 40.0 * triton_gemv.GATED_MIN_GAIN
+        return out
+
+    made = triton_gemv.select_gated_kernels([w64, w48], agree=agree)
+    second = triton_gemv.gated_candidates(torch.float32)[1]
+    assert made[(64, 32, torch.float32, 1)] == second == triton_gemv.gated_config_for(w64, 1)
+    assert triton_gemv.gated_config_for(w64, triton_gemv.MAX_ROWS) == second
+    assert made[(48, 32, torch.float32, 1)] is None and triton_gemv.gated_config_for(w48, 1) is None
+    assert all(c["split_k"] == 1 for c in triton_gemv.gated_candidates(torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="selection times kernels in CUDA graphs")
+def test_gated_selection_on_the_gpu_and_dispatch_follows_it(monkeypatch):
+    """select_gated_kernels times the real pair and candidates; kernels.gated_linear takes the fused
+    kernel only where a configuration was chosen and no bias is added, with the same result."""
+    from tritongen.ops import kernels, triton_gemv
+
+    monkeypatch.setattr(triton_gemv, "_gated", {})
+    weights = [torch.randn(2 * 1024, 512, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5 for _ in range(4)]
+    made = triton_gemv.select_gated_kernels(weights)
+    assert set(made) == {(2048, 512, torch.bfloat16, r) for r in (1, triton_gemv.MAX_ROWS)}
+    assert all(c is None or c in triton_gemv.gated_candidates(torch.bfloat16) for c in made.values())
+
+    kernels.use_triton(True)
+    try:
+        w, x = weights[0], torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+        triton_gemv._gated.clear()
+        unfused = kernels.gated_linear(x, w)
+        triton_gemv._gated[(2048, 512, torch.bfloat16, 1)] = triton_gemv.gated_candidates(torch.bfloat16)[0]
+        calls = []
+        real = triton_gemv.gated_linear
+        monkeypatch.setattr(triton_gemv, "gated_linear", lambda x, w, c: calls.append(c) or real(x, w, c))
+        fused = kernels.gated_linear(x, w)
+        assert len(calls) == 1
+        torch.testing.assert_close(fused.float(), unfused.float(), atol=3e-2, rtol=3e-2)
+        kernels.gated_linear(torch.randn(2, 512, device="cuda", dtype=torch.bfloat16), w)  # 8-row bucket: none
+        kernels.gated_linear(x, w, torch.zeros(2048, device="cuda", dtype=torch.bfloat16))  # bias: unfused
+        assert len(calls) == 1
+    finally:
+        kernels.use_triton(False)
+
+
 def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
     """triton_gemv.linear (what kernels.linear calls for decode batches on CUDA) over a [2, 3, K]
     input with each candidate configuration, for a narrow and a wide weight."""

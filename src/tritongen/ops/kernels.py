@@ -2,7 +2,9 @@
 linear layers: the reference (torch), or for CUDA tensors the Triton kernels once `use_triton(True)`
 was called (select_attention_backend does it). Linear layers take the Triton skinny GEMM only for
 decode-sized inputs (at most triton_gemv.MAX_ROWS rows) of weight shapes where
-triton_gemv.select_kernels measured it faster at load; everything else stays on cuBLAS."""
+triton_gemv.select_kernels measured it faster at load; everything else stays on cuBLAS. The MLP's
+stacked gate/up projection and its SiLU·mul likewise run as one kernel (gated_linear) where
+select_gated_kernels measured that faster."""
 from __future__ import annotations
 
 from typing import Optional
@@ -65,3 +67,16 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (_impl if gate.is_cuda else reference).silu_and_mul(gate, up)
+
+
+def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """silu(gate) * up of a stacked gate/up projection (weight [2N, K]: gate rows, then up rows):
+    one fused kernel for decode batches where triton_gemv.select_gated_kernels measured it faster,
+    else the GEMM and the SiLU·mul kernel."""
+    if _gemv is not None and x.is_cuda and bias is None:
+        rows = x.numel() // x.shape[-1]
+        cfg = _gemv.gated_config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
+        if cfg is not None:
+            return _gemv.gated_linear(x, weight, cfg)
+    gate, up = linear(x, weight, bias).chunk(2, dim=-1)
+    return silu_and_mul(gate, up)

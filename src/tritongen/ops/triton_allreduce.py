@@ -147,7 +147,7 @@ def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT
     """The row-parallel GEMM and what follows it in one launch (see gemm_allreduce_add_rms_norm)."""
     pid_n = tl.program_id(0)
     acc, m, n, m_ok, n_ok = tile_product(X, WT, pid_n, M, N, K, 0, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, IEEE)
+                                         BLOCK_K, IEEE, False)
     own_base = tl.load(BUF_PTRS + RANK)
     part = own_base.to(tl.pointer_type(S.dtype.element_ty)) + offset
     tl.store(part + m[:, None] * N + n[None, :], acc.to(S.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -118,14 +118,20 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 @triton.jit
+def silu_mul(g, u, dtype: tl.constexpr):
+    """silu(g) * u in `dtype` from float32 g and u, rounded where the reference (F.silu, then *) rounds."""
+    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (silu * u).to(dtype)
+
+
+@triton.jit
 def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
     g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(U + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)  # reference rounds here
-    tl.store(Y + row * N + cols, (silu * u).to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + row * N + cols, silu_mul(g, u, Y.dtype.element_ty), mask=ok)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

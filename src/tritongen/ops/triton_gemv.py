@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritongen.ops.triton_elementwise import silu_mul
+
 logger = logging.getLogger(__name__)
 
 BLOCK_M = 16  # tl.dot's smallest tile; decode batches up to 16 rows fit one tile
@@ -44,22 +46,32 @@ MAX_ROWS = 8  # measured wins up to 8 rows (none left at 16 on the 13B shapes)
 
 @triton.jit
 def tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    """(acc [BLOCK_M, BLOCK_N] float32 = x[:, k_start:k_end] @ w[n, k_start:k_end].T for N tile pid_n,
-    m, n, m_ok, n_ok): one program's share of the skinny GEMM, also the first half of
-    ops/triton_allreduce's GEMM + all-reduce kernel. (Applying the MLP's SiLU·mul here as x is
-    loaded was tried: every N tile recomputes it for all BLOCK_M rows, and 13B batch-1 decode went
-    from 7.07 to 10.0 ms/step on an H200.)"""
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
+    """(acc float32 = x[:, k_start:k_end] @ w[n, k_start:k_end].T for N tile pid_n, m, n, m_ok, n_ok):
+    one program's share of the skinny GEMM, also the first half of ops/triton_allreduce's GEMM +
+    all-reduce kernel. acc is [BLOCK_M, BLOCK_N]; GATED: W stacks two [N, K] halves (the MLP's gate
+    rows, then its up rows) and acc is [BLOCK_M, 2 * BLOCK_N], the gate half's columns of the tile
+    first, then the up half's (one pass over K streams both slabs). (Applying SiLU·mul as x is
+    loaded, in down_proj's GEMM, was tried: every N tile recomputes it for all BLOCK_M rows, and 13B
+    batch-1 decode went from 7.07 to 10.0 ms/step on an H200; gate_up's epilogue is its place.)"""
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    w_rows = W + n[:, None].to(tl.int64) * stride_wn
+    if GATED:
+        j = tl.arange(0, 2 * BLOCK_N)
+        w_n = pid_n * BLOCK_N + j % BLOCK_N
+        w_ok = w_n < N
+        w_rows = W + (w_n + (j // BLOCK_N) * N)[:, None].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
+    else:
+        w_ok = n_ok
+        w_rows = W + n[:, None].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K  # a split's tiles never pass its end: K_PER_SPLIT is a multiple of BLOCK_K
-        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
             acc += tl.dot(x, tl.trans(w), input_precision="ieee")
@@ -82,7 +94,7 @@ def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
         k_start = tl.program_id(1) * K_PER_SPLIT
         k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc, m, n, m_ok, n_ok = tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn,
-                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
+                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE, False)
     y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -143,6 +155,45 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     if bias is None:
         return y
     return y.add_(bias) if out is not None else y + bias
+
+
+@triton.jit
+def _gated_gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N),): gate and up columns of one N tile, then SiLU·mul on the tile.
+    acc, m, n, m_ok, n_ok = tile_product(X, W, tl.program_id(0), M, N, K, 0, K, stride_xm, stride_wn,
+                                         BLOCK_M, BLOCK_N, BLOCK_K, IEEE, True)
+    gate, up = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), (0, 2, 1)))
+    dtype = Y.dtype.element_ty
+    # Rounded to the activations' dtype first, as the GEMM's output is on the unfused path.
+    y = silu_mul(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    tl.store(Y + m[:, None] * stride_ym + n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gated_skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32, block_k: int = 256,
+                        num_warps: int = 4, num_stages: int = 4, split_k: int = 1) -> torch.Tensor:
+    """SiLU·mul fused into the gate/up GEMM: x [M, K] (M <= 16), weight [2N, K] = gate rows over up
+    rows (the stacked gate_up_proj, per tensor-parallel rank too) -> silu(x @ gate.T) * (x @ up.T),
+    [M, N] in x's dtype. One launch instead of the GEMM and the SiLU·mul kernel. Single pass only
+    (split_k must be 1: the configurations are skinny_linear's)."""
+    M, K = x.shape
+    N2, K2 = weight.shape
+    if M > BLOCK_M or K != K2 or N2 % 2:
+        raise ValueError(f"gated_skinny_linear takes x [M <= {BLOCK_M}, K] and weight [2N, K]; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if split_k != 1:
+        raise ValueError(f"gated_skinny_linear runs single-pass configurations only, not split_k={split_k}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    y = torch.empty(M, N2 // 2, dtype=x.dtype, device=x.device)
+    if M:
+        _gated_gemm_kernel[(triton.cdiv(N2 // 2, block_n),)](
+            x, weight, y, M, N2 // 2, K, x.stride(0), weight.stride(0), y.stride(0), BLOCK_M=BLOCK_M,
+            BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32, num_warps=num_warps,
+            num_stages=num_stages)
+    return y
 
 
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -246,10 +297,7 @@ def select_kernels(weights: list[torch.Tensor],
     mean over the ranks, so that every rank picks the same kernels (with each rank deciding on its
     own noise, one rank ran cuBLAS where the other ran the skinny kernel, and every all-reduce
     waits for the slower one)."""
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for w in weights:
-        groups.setdefault((*w.shape, w.dtype), []).append(w)
-    cases = [(n, k, dtype, rows) for (n, k, dtype) in groups for rows in (1, MAX_ROWS)]
+    groups, cases = _cases(weights)
     times = [t for case in cases for t in _time_case(case, groups[case[:3]])]
     if agree is not None:
         times = agree(times)
@@ -257,13 +305,9 @@ def select_kernels(weights: list[torch.Tensor],
     for n, k, dtype, rows in cases:
         cublas, *skinny = times[at:at + 1 + len(candidates(dtype))]
         at += 1 + len(skinny)
-        best, best_us = None, cublas * MIN_GAIN
-        single, single_us = None, float("inf")
-        for cfg, us in zip(candidates(dtype), skinny):
-            if us < best_us:
-                best, best_us = cfg, us
-            if cfg["split_k"] == 1 and us < single_us:
-                single, single_us = cfg, us
+        best, best_us = _fastest(candidates(dtype), skinny, cublas * MIN_GAIN)
+        single, _ = _fastest([c for c in candidates(dtype) if c["split_k"] == 1],
+                             [us for c, us in zip(candidates(dtype), skinny) if c["split_k"] == 1], float("inf"))
         made[(n, k, dtype, rows)] = best
         if single is not None:
             _single_pass[(n, k, dtype, rows)] = single
@@ -273,20 +317,103 @@ def select_kernels(weights: list[torch.Tensor],
     return made
 
 
+def _fastest(configs: list[dict], times: list[float], bound: float) -> tuple[Optional[dict], float]:
+    """(the configuration of the shortest time below `bound`, its time), or (None, bound)."""
+    best, best_us = None, bound
+    for cfg, us in zip(configs, times):
+        if us < best_us:
+            best, best_us = cfg, us
+    return best, best_us
+
+
+def _cases(weights: list[torch.Tensor]) -> tuple[dict[tuple, list[torch.Tensor]], list[tuple]]:
+    """Weights grouped by (N, K, dtype), and the (N, K, dtype, rows) cases timed for them."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for w in weights:
+        groups.setdefault((*w.shape, w.dtype), []).append(w)
+    return groups, [(n, k, dtype, rows) for (n, k, dtype) in groups for rows in (1, MAX_ROWS)]
+
+
 def _time_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
     """[cuBLAS µs, µs of each candidate (inf where it fails)] for one (N, K, dtype, rows) case."""
     import torch.nn.functional as F
 
     n, k, dtype, rows = case
     x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
-    out = [graph_time_us(lambda w: F.linear(x, w), group)]
-    for cfg in candidates(dtype):
+    return [graph_time_us(lambda w: F.linear(x, w), group)] + _time_candidates(skinny_linear, x, group)
+
+
+def _time_candidates(kernel: Callable, x: torch.Tensor, group: list[torch.Tensor],
+                     configs: Optional[list[dict]] = None) -> list[float]:
+    """µs of kernel(x, w, **cfg) per configuration (candidates(dtype) by default; inf where it fails)."""
+    out = []
+    for cfg in candidates(x.dtype) if configs is None else configs:
         try:
-            out.append(graph_time_us(lambda w, c=cfg: skinny_linear(x, w, **c), group))
+            out.append(graph_time_us(lambda w, c=cfg: kernel(x, w, **c), group))
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on a smaller GPU
-            logger.debug("skinny GEMM %s on [%d x %d] %s: %s", cfg, n, k, dtype, exc)
+            logger.debug("%s %s on %s %s: %s", kernel.__name__, cfg, tuple(group[0].shape), x.dtype, exc)
             out.append(float("inf"))
     return out
+
+
+GATED_MIN_GAIN = 0.995
+"""The gate/up GEMM with SiLU·mul in its epilogue replaces what that projection ran before (the
+GEMM select_kernels chose, then the SiLU·mul kernel) where it is faster at all: it saves one
+launch, a few µs of a 30-70 µs pair, which MIN_GAIN's 3 % would never let in."""
+_gated: dict[tuple, dict] = {}
+"""(2N, K, dtype, row bucket) -> gated_skinny_linear's configuration. Filled by select_gated_kernels."""
+
+
+def gated_candidates(dtype: torch.dtype) -> list[dict]:
+    """The single-pass candidates, plus 16-column tiles: a gated tile streams twice the weight rows."""
+    single = [c for c in candidates(dtype) if c["split_k"] == 1]
+    return single + [{**c, "block_n": 16} for c in single if c["block_n"] == 32]
+
+
+def gated_config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
+    """select_gated_kernels' choice for this stacked gate/up weight and row count; None: unfused."""
+    return _gated.get((*weight.shape, weight.dtype, _bucket(rows)))
+
+
+@torch.inference_mode()
+def select_gated_kernels(weights: list[torch.Tensor],
+                         agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, Optional[dict]]:
+    """select_kernels for the MLPs' stacked gate/up weights ([2N, K]): time the path they take
+    unfused (the GEMM select_kernels chose for them, so call it first, then the SiLU·mul kernel)
+    against each gated_skinny_linear candidate, and keep the fused kernel where it wins by
+    GATED_MIN_GAIN. `agree` as for select_kernels."""
+    groups, cases = _cases(weights)
+    times = [t for case in cases for t in _time_gated_case(case, groups[case[:3]])]
+    if agree is not None:
+        times = agree(times)
+    made, at = {}, 0
+    for n, k, dtype, rows in cases:
+        unfused, *fused = times[at:at + 1 + len(gated_candidates(dtype))]
+        at += 1 + len(fused)
+        best, best_us = _fastest(gated_candidates(dtype), fused, unfused * GATED_MIN_GAIN)
+        made[(n, k, dtype, rows)] = best
+        if best is not None:
+            _gated[(n, k, dtype, rows)] = best
+        logger.info("gate/up GEMM + SiLU·mul [%d x %d] %s, %d row(s): unfused %.1f us, %s", n, k, dtype, rows,
+                    unfused, "fused %.1f us %s" % (best_us, best) if best else "kept")
+    return made
+
+
+def _time_gated_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
+    """[µs of the unfused GEMM + SiLU·mul, µs of each gated candidate] for one (2N, K, dtype, rows) case."""
+    import torch.nn.functional as F
+
+    from tritongen.ops.triton_elementwise import silu_and_mul
+
+    n, k, dtype, rows = case
+    x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
+    cfg = config_for(group[0], rows)
+
+    def unfused(w: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, w) if cfg is None else skinny_linear(x, w, **cfg)
+        return silu_and_mul(*y.chunk(2, dim=-1))
+
+    return [graph_time_us(unfused, group)] + _time_candidates(gated_skinny_linear, x, group, gated_candidates(dtype))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torch.Tensor] = None,
@@ -295,3 +422,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict, bias: Optional[torc
     lead = x.shape[:-1]
     y = skinny_linear(x.reshape(-1, x.shape[-1]), weight, bias, **cfg, out=out)
     return y.reshape(*lead, weight.shape[0])
+
+
+def gated_linear(x: torch.Tensor, weight: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """silu(gate) * up for x [..., K] with at most MAX_ROWS rows (the caller checks), via gated_skinny_linear."""
+    lead = x.shape[:-1]
+    y = gated_skinny_linear(x.reshape(-1, x.shape[-1]), weight, **cfg)
+    return y.reshape(*lead, weight.shape[0] // 2)

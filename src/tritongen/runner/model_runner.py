@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -113,6 +114,11 @@ class ModelRunner:
         made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks)
         logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
                     sum(c is not None for c in made.values()), len(made))
+        gate_up = [m.gate_up_proj.weight for m in self.model.modules() if getattr(m, "gate_up_proj", None) is not None]
+        if gate_up and os.environ.get("TRITONGEN_FUSED_SILU_MUL", "1") != "0":
+            made = triton_gemv.select_gated_kernels(gate_up, agree=self._mean_over_ranks)
+            logger.info("gate/up GEMM with SiLU·mul fused: %d of %d (shape, rows) cases",
+                        sum(c is not None for c in made.values()), len(made))
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
         """The mean of each value over the tensor-parallel ranks (a collective: every rank calls it)."""
