@@ -136,5 +136,9 @@ PRESETS: dict[str, dict] = {
     "smollm2-135m": _SMOLLM2_135M,
     "llama-2-7b": _LLAMA_2_7B,
     "llama-2-13b": _LLAMA_2_13B,
+    # One rank of Llama-2-13B at tensor_parallel_size 2 (half the heads, the MLP and the vocab;
+    # head_dim kept): TP=2's per-GPU work without its communication, a single-GPU bound for it.
+    "llama-2-13b-tp2-rank": {**_LLAMA_2_13B, "num_attention_heads": 20, "num_key_value_heads": 20,
+                             "head_dim": 128, "intermediate_size": 6912, "vocab_size": 16000},
     "llama-3-8b": _LLAMA_3_8B,
 }
