@@ -252,7 +252,7 @@ def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, 
     torch.testing.assert_close(kv, kv_ref, **tol)  # bf16: the reference rounds each product
     torch.testing.assert_close(got.float(), expected.float(), **tol)
     if splits > 1:
-        assert not ta._counters[kv.device].any()
+        assert not ta.decode_counters(kv.device, 1).any()
     assert torch.equal(ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window), got)
     assert torch.equal(kv, kv_two_step)
 
@@ -284,18 +284,23 @@ def test_rotary_attention_takes_the_fused_kernel_for_decode_batches_only(monkeyp
 
 
 def test_decode_counters_grow_but_never_during_graph_capture(monkeypatch):
-    """The split counters are created (and grown) eagerly only: inside CUDA graph capture the zero
-    fill would only be recorded. Outgrown ones stay alive for graphs captured with them."""
+    """The split counters (shared with the split-K GEMMs) are created and grown eagerly only: inside
+    CUDA graph capture the zero fill would only be recorded. Outgrown ones stay alive for graphs
+    captured with them; growing the GEMMs' partials keeps counters at zero."""
     from tritongen.ops import triton_attention as ta
+    from tritongen.ops import triton_gemv
 
-    monkeypatch.setattr(ta, "_counters", {})
-    monkeypatch.setattr(ta, "_retired_counters", [])
+    monkeypatch.setattr(triton_gemv, "_workspaces", {})
+    monkeypatch.setattr(triton_gemv, "_retired", [])
     cpu = torch.device("cpu")
     first = ta.decode_counters(cpu, 4)
     assert first.numel() == ta.SPLIT_BELOW_PROGRAMS and not first.any() and first.dtype is torch.int32
     assert ta.decode_counters(cpu, ta.SPLIT_BELOW_PROGRAMS) is first
     grown = ta.decode_counters(cpu, ta.SPLIT_BELOW_PROGRAMS + 1)
-    assert grown.numel() == ta.SPLIT_BELOW_PROGRAMS + 1 and ta._retired_counters == [first]
+    assert grown.numel() == ta.SPLIT_BELOW_PROGRAMS + 1 and any(t is first for t in triton_gemv._retired)
+    part, counts = triton_gemv.split_workspace(cpu, 1000, 8)  # a split-K GEMM's first call
+    assert part.numel() == 1000 and counts is ta.decode_counters(cpu, 4) and counts.numel() >= grown.numel()
+    assert not counts.any()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="during CUDA graph capture"):
         ta.decode_counters(torch.device("cuda", 0), 4)
@@ -325,7 +330,7 @@ def test_fused_decode_is_deterministic_across_runs_and_graph_replays():
         out.zero_()
         graph.replay()
         assert torch.equal(out, first)
-    assert torch.equal(kv, kv_two_step) and not ta._counters[q.device].any()
+    assert torch.equal(kv, kv_two_step) and not ta.decode_counters(q.device, 1).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

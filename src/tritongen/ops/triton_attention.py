@@ -33,6 +33,7 @@ import triton.language as tl
 
 from tritongen.ops.attention import AttentionMetadata
 from tritongen.ops.triton_elementwise import rope_row, rotate_heads
+from tritongen.ops.triton_gemv import split_workspace
 
 
 @triton.jit
@@ -448,26 +449,13 @@ FUSED_UNSPLIT = False
 """Whether decode batches too large to split (NUM_SPLITS 1) take the fused kernel as well. Off: on an
 H200 the fused kernel lost there (13B offline sharegpt-like-1000, same job: 16.28 vs 16.51 req/s with
 the separate rotary + attention kernels) while winning at batch 1 (7.059 vs 7.162 ms/step)."""
-_counters: dict[torch.device, torch.Tensor] = {}
-"""device -> the fused decode kernel's int32 counters, one per (sequence, KV head) of a split batch."""
-_retired_counters: list[torch.Tensor] = []
-"""Outgrown counters, kept alive: a CUDA graph captured before they were outgrown still uses them."""
-
-
 def decode_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The device's split counters, at least max(n, SPLIT_BELOW_PROGRAMS) (so serving never grows
-    them), zero between launches. Never created inside CUDA graph capture, where the zero fill would
-    only be recorded; the decode graphs run each batch size eagerly before capturing it."""
-    counts = _counters.get(device)
-    if counts is not None and counts.numel() >= n:
-        return counts
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"decode attention: {n} split counters would be created during CUDA graph capture; "
-                           "run the batch size once before capturing")
-    if counts is not None:
-        _retired_counters.append(counts)
-    counts = _counters[device] = torch.zeros(max(n, SPLIT_BELOW_PROGRAMS), dtype=torch.int32, device=device)
-    return counts
+    """The fused decode kernel's int32 counters, one per (sequence, KV head) of a split batch: the
+    split-K GEMMs' counters (triton_gemv.split_workspace), at least max(n, SPLIT_BELOW_PROGRAMS) so
+    that serving never grows them. Sharing is safe: kernels on one stream run one after the other and
+    each leaves every counter at zero. Never grown inside CUDA graph capture (the decode graphs run each
+    batch size eagerly before capturing it)."""
+    return split_workspace(device, 0, max(n, SPLIT_BELOW_PROGRAMS))[1]
 
 
 def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

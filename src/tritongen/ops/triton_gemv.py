@@ -197,7 +197,8 @@ def gated_skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int =
 
 
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-"""device -> (fp32 partial tiles, int32 per-N-tile counters) that every split-K launch shares."""
+"""device -> (fp32 partial tiles, int32 counters) that every split-K launch shares, and whose counters
+the fused decode attention's split batches use too (triton_attention.decode_counters)."""
 _retired: list[torch.Tensor] = []
 """Outgrown workspaces, kept alive: a CUDA graph captured before they were outgrown still uses them."""
 
@@ -212,8 +213,9 @@ def split_workspace(device: torch.device, floats: int, tiles: int) -> tuple[torc
     if part is not None and part.numel() >= floats and counts.numel() >= tiles:
         return part, counts
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"skinny_linear: split-K workspace of {floats} floats / {tiles} counters must grow "
-                           "during CUDA graph capture; run the configuration once before capturing")
+        raise RuntimeError(f"the split workspace of {floats} floats / {tiles} counters (split-K GEMMs, split "
+                           "decode attention) must grow during CUDA graph capture; run the configuration once "
+                           "before capturing")
     if part is not None:
         _retired.extend((part, counts))
         floats, tiles = max(floats, part.numel()), max(tiles, counts.numel())
