@@ -12,7 +12,10 @@ wrote its partial rows into its symmetric buffer; each program then
 Up to SLOTS rows there is one program per row, which loads what does not depend on the peers (its
 own partial row, the residual, the weight) while the signal travels; larger batches run SLOTS
 programs over the rows, so that the handshake is paid once per program rather than once per row in
-every wave of programs (512 rows as 512 programs were slower than two-shot + RMSNorm).
+every wave of programs (512 rows as 512 programs were slower than two-shot + RMSNorm). In that loop
+(two ranks) the loads of a program's next row, the peer's above all, are issued before its current
+row is reduced, so that their latency overlaps work instead of adding up row by row: with the peer
+simulated on one H200 (benchmarks/fused_rows_probe.py) 512 rows went from 7.9 to 6.1 µs per call.
 
 No end barrier: the row-parallel layers alternate between two halves of the buffer (o_proj writes
 half 0, down_proj half 1), so a rank that ran ahead writes the half its peer is not reading; it
@@ -55,6 +58,13 @@ def _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, 
         else:
             part = _row_ptr(tl.sum(tl.where(ranks == p, bases, 0)), offset, row, N, S.dtype.element_ty)
             x += tl.load(part + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    _add_norm_row(x, r, w, row, N, eps, Y, S, cols, ok)
+
+
+@triton.jit
+def _add_norm_row(x, r, w, row, N, eps, Y, S, cols, ok):
+    """Row `row` of the residual stream S = round(x) + r and of Y = RMSNorm(S) * w (x: the ranks'
+    float32 sum, r: the residual row, w: the norm weight, both float32)."""
     x = x.to(S.dtype.element_ty).to(tl.float32)  # the all-reduce's result, rounded once
     s = (x + r).to(S.dtype.element_ty)
     tl.store(S + row * N + cols, s, mask=ok)
@@ -62,6 +72,29 @@ def _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, 
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, 0) / N + eps)
     h = (s * rstd).to(Y.dtype.element_ty).to(tl.float32)
     tl.store(Y + row * N + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _two_rank_rows(own_base, peer_base, R, w, Y, S, first, rows, step, offset, stride_r, N, eps, cols, ok):
+    """Rows first, first + step, ... < rows of a world of two ranks, after the wait: each row's
+    loads for the next one (the peer's partial sums over NVLink above all) are issued before this
+    row is summed and normalized, so their latency overlaps its work instead of adding up row after
+    row. own + peer in float32 is the same sum on both ranks (two terms commute exactly)."""
+    ty = S.dtype.element_ty
+    row = first
+    ok_row = ok & (row < rows)
+    own = tl.load(_row_ptr(own_base, offset, row, N, ty) + cols, mask=ok_row, other=0.0)
+    peer = tl.load(_row_ptr(peer_base, offset, row, N, ty) + cols, mask=ok_row, other=0.0, cache_modifier=".cg")
+    r = tl.load(R + row * stride_r + cols, mask=ok_row, other=0.0)
+    while row < rows:
+        nxt = row + step
+        more = ok & (nxt < rows)
+        n_own = tl.load(_row_ptr(own_base, offset, nxt, N, ty) + cols, mask=more, other=0.0)
+        n_peer = tl.load(_row_ptr(peer_base, offset, nxt, N, ty) + cols, mask=more, other=0.0, cache_modifier=".cg")
+        n_r = tl.load(R + nxt * stride_r + cols, mask=more, other=0.0)
+        _add_norm_row(own.to(tl.float32) + peer.to(tl.float32), r.to(tl.float32), w, row, N, eps, Y, S, cols, ok)
+        own, peer, r = n_own, n_peer, n_r
+        row = nxt
 
 
 @triton.jit
@@ -130,6 +163,9 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
     _wait(FLAG_PTRS, pid, epoch, timeout_ns, RANK, WORLD, NUM_SLOTS, TIMEOUT)
     if ONE_ROW:
         _sum_add_norm_row(bases, ranks, own, r, w, pid, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
+    elif WORLD == 2:
+        _two_rank_rows(own_base, tl.sum(tl.where(ranks == 1 - RANK, bases, 0)), R, w, Y, S, pid, rows,
+                       tl.num_programs(0), offset, stride_r, N, eps, cols, ok)
     else:
         for row in range(pid, rows, tl.num_programs(0)):
             own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0)
@@ -164,6 +200,8 @@ def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT
         bases = tl.load(BUF_PTRS + ranks, mask=ranks < WORLD, other=0)
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
         _wait(FLAG_PTRS, 0, epoch, timeout_ns, RANK, WORLD, NUM_SLOTS, TIMEOUT)
+        # Not _two_rank_rows: with this kernel's 4 warps its loop-carried rows cost more than they
+        # hide (one H200, peer simulated: 2-4 rows ~1 µs slower, benchmarks/fused_rows_probe.py).
         for row in range(0, M):
             # The other programs' tiles: past L1 (.cg), which may hold nothing of them anyway.
             own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0,
