@@ -11,6 +11,7 @@ the GEMM + all-reduce kernel that does both in one launch (`gemm_in_kernel`; che
 
     python3 benchmarks/allreduce_probe.py --hidden 5120 --rows 1,8,32,128,512
     python3 benchmarks/allreduce_probe.py --rows 1,2,4,8,16 --gemm-k 2560 --no-plain
+    python3 benchmarks/allreduce_probe.py --rows 256,512 --no-plain --module old_triton_allreduce.py
 
 Prints microseconds per all-reduce and whether each method gave the right sum (the fused kernel:
 the same residual stream as summing in float32, rounding once and adding).
@@ -118,6 +119,8 @@ def _gemm_cases(sym, rows: int, hidden: int, k: int, rank: int) -> list:
 def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
+    if args.module:
+        _use_module(args.module)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -179,6 +182,20 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     dist.destroy_process_group()
 
 
+def _use_module(path: str) -> None:
+    """Make `path` what `from tritongen.ops import triton_allreduce` finds (parallel.symmetric's import)."""
+    import importlib.util
+    import sys
+
+    import tritongen.ops
+
+    spec = importlib.util.spec_from_file_location("tritongen.ops.triton_allreduce", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules["tritongen.ops.triton_allreduce"] = mod
+    tritongen.ops.triton_allreduce = mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=5120)
@@ -192,6 +209,8 @@ def main() -> None:
     ap.add_argument("--gemm-k", type=int, default=0,
                     help="also time the row-parallel GEMM [rows, K] x [K, hidden] before the fused kernel, "
                          "apart and in one launch (rows <= 16)")
+    ap.add_argument("--module", default=None,
+                    help="another copy of ops/triton_allreduce.py for the fused kernels (e.g. an older one)")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
     from tritongen.netutil import free_ports
