@@ -299,14 +299,8 @@ def select_kernels(weights: list[torch.Tensor],
     mean over the ranks, so that every rank picks the same kernels (with each rank deciding on its
     own noise, one rank ran cuBLAS where the other ran the skinny kernel, and every all-reduce
     waits for the slower one)."""
-    groups, cases = _cases(weights)
-    times = [t for case in cases for t in _time_case(case, groups[case[:3]])]
-    if agree is not None:
-        times = agree(times)
-    made, at = {}, 0
-    for n, k, dtype, rows in cases:
-        cublas, *skinny = times[at:at + 1 + len(candidates(dtype))]
-        at += 1 + len(skinny)
+    made = {}
+    for (n, k, dtype, rows), cublas, skinny in _timed_cases(weights, _time_case, candidates, agree):
         best, best_us = _fastest(candidates(dtype), skinny, cublas * MIN_GAIN)
         single, _ = _fastest([c for c in candidates(dtype) if c["split_k"] == 1],
                              [us for c, us in zip(candidates(dtype), skinny) if c["split_k"] == 1], float("inf"))
@@ -328,12 +322,25 @@ def _fastest(configs: list[dict], times: list[float], bound: float) -> tuple[Opt
     return best, best_us
 
 
-def _cases(weights: list[torch.Tensor]) -> tuple[dict[tuple, list[torch.Tensor]], list[tuple]]:
-    """Weights grouped by (N, K, dtype), and the (N, K, dtype, rows) cases timed for them."""
+def _timed_cases(weights: list[torch.Tensor], time_case: Callable[[tuple, list[torch.Tensor]], list[float]],
+                 configs: Callable[[torch.dtype], list[dict]],
+                 agree: Optional[Callable[[list[float]], list[float]]]) -> list[tuple[tuple, float, list[float]]]:
+    """[((N, K, dtype, rows), baseline µs, µs per configuration)] for every weight shape and row
+    bucket (1, MAX_ROWS): time_case(case, that shape's weights) gives the baseline, then one time
+    per configs(dtype); `agree` maps all the timings at once (one collective for all cases)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
     for w in weights:
         groups.setdefault((*w.shape, w.dtype), []).append(w)
-    return groups, [(n, k, dtype, rows) for (n, k, dtype) in groups for rows in (1, MAX_ROWS)]
+    cases = [(n, k, dtype, rows) for (n, k, dtype) in groups for rows in (1, MAX_ROWS)]
+    times = [t for case in cases for t in time_case(case, groups[case[:3]])]
+    if agree is not None:
+        times = agree(times)
+    out, at = [], 0
+    for case in cases:
+        n_cfg = len(configs(case[2]))
+        out.append((case, times[at], times[at + 1:at + 1 + n_cfg]))
+        at += 1 + n_cfg
+    return out
 
 
 def _time_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
@@ -384,14 +391,8 @@ def select_gated_kernels(weights: list[torch.Tensor],
     unfused (the GEMM select_kernels chose for them, so call it first, then the SiLU·mul kernel)
     against each gated_skinny_linear candidate, and keep the fused kernel where it wins by
     GATED_MIN_GAIN. `agree` as for select_kernels."""
-    groups, cases = _cases(weights)
-    times = [t for case in cases for t in _time_gated_case(case, groups[case[:3]])]
-    if agree is not None:
-        times = agree(times)
-    made, at = {}, 0
-    for n, k, dtype, rows in cases:
-        unfused, *fused = times[at:at + 1 + len(gated_candidates(dtype))]
-        at += 1 + len(fused)
+    made = {}
+    for (n, k, dtype, rows), unfused, fused in _timed_cases(weights, _time_gated_case, gated_candidates, agree):
         best, best_us = _fastest(gated_candidates(dtype), fused, unfused * GATED_MIN_GAIN)
         made[(n, k, dtype, rows)] = best
         if best is not None:
