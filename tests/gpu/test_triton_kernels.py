@@ -479,23 +479,28 @@ def test_gated_selection_on_the_gpu_and_dispatch_follows_it(monkeypatch):
     assert set(made) == {(2048, 512, torch.bfloat16, r) for r in (1, triton_gemv.MAX_ROWS)}
     assert all(c is None or c in triton_gemv.gated_candidates(torch.bfloat16) for c in made.values())
 
-    kernels.use_triton(True)
-    try:
-        w, x = weights[0], torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
-        triton_gemv._gated.clear()
-        unfused = kernels.gated_linear(x, w)
-        triton_gemv._gated[(2048, 512, torch.bfloat16, 1)] = triton_gemv.gated_candidates(torch.bfloat16)[0]
-        calls = []
-        real = triton_gemv.gated_linear
-        monkeypatch.setattr(triton_gemv, "gated_linear", lambda x, w, c: calls.append(c) or real(x, w, c))
-        fused = kernels.gated_linear(x, w)
-        assert len(calls) == 1
-        torch.testing.assert_close(fused.float(), unfused.float(), atol=3e-2, rtol=3e-2)
-        kernels.gated_linear(torch.randn(2, 512, device="cuda", dtype=torch.bfloat16), w)  # 8-row bucket: none
-        kernels.gated_linear(x, w, torch.zeros(2048, device="cuda", dtype=torch.bfloat16))  # bias: unfused
-        assert len(calls) == 1
-    finally:
-        kernels.use_triton(False)
+    _triton_dispatch(monkeypatch)
+    w, x = weights[0], torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+    triton_gemv._gated.clear()
+    unfused = kernels.gated_linear(x, w)
+    triton_gemv._gated[(2048, 512, torch.bfloat16, 1)] = triton_gemv.gated_candidates(torch.bfloat16)[0]
+    calls = []
+    real = triton_gemv.gated_linear
+    monkeypatch.setattr(triton_gemv, "gated_linear", lambda x, w, c: calls.append(c) or real(x, w, c))
+    fused = kernels.gated_linear(x, w)
+    assert len(calls) == 1
+    torch.testing.assert_close(fused.float(), unfused.float(), atol=3e-2, rtol=3e-2)
+    kernels.gated_linear(torch.randn(2, 512, device="cuda", dtype=torch.bfloat16), w)  # 8-row bucket: none
+    kernels.gated_linear(x, w, torch.zeros(2048, device="cuda", dtype=torch.bfloat16))  # bias: unfused
+    assert len(calls) == 1
+
+
+def _triton_dispatch(monkeypatch) -> None:
+    """kernels.use_triton(True) for this test only (monkeypatch restores the dispatch afterwards)."""
+    from tritongen.ops import kernels, triton_elementwise, triton_gemv
+
+    monkeypatch.setattr(kernels, "_impl", triton_elementwise)
+    monkeypatch.setattr(kernels, "_gemv", triton_gemv)
 
 
 def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
@@ -526,7 +531,7 @@ def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     made32 = triton_gemv.select_kernels([w.float() for w in weights[:2]])  # fits shared memory too
     assert all(c is None or c in triton_gemv.candidates(torch.float32) for c in made32.values())
 
-    kernels.use_triton(True)
+    _triton_dispatch(monkeypatch)
     cfg = triton_gemv.CANDIDATES[0]
     triton_gemv._choices.clear()
     triton_gemv._choices[(64, 32, torch.float32, 1)] = cfg
