@@ -9,7 +9,8 @@ handshake does not. benchmarks/allreduce_probe.py times the real thing on two GP
         [--module PATH]   # another copy of triton_allreduce.py to time instead (e.g. an older one)
 
 Prints µs per call (CUDA graph of --reps calls) for allreduce_add_rms_norm and, with --gemm-rows,
-gemm_allreduce_add_rms_norm over a TP=2 13B o_proj ([5120 x 2560]).
+gemm_allreduce_add_rms_norm over a TP=2 13B o_proj ([5120 x 2560]) against the same work in two
+launches (the skinny GEMM, then allreduce_add_rms_norm).
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--module", default=None)
     args = ap.parse_args()
     tar = _load(args.module)
+    from tritongen.ops.triton_gemv import skinny_linear
+
     dev, dt, h = torch.device("cuda"), torch.bfloat16, args.hidden
     rows_list = [int(r) for r in args.rows.split(",") if r]
     gemm_rows = [int(r) for r in args.gemm_rows.split(",") if r]
@@ -84,8 +87,14 @@ def main() -> None:
             i[0] += 1
             return tar.gemm_allreduce_add_rms_norm(x, ws[i[0] % len(ws)], cfg, ptrs, flag_ptrs, epoch, count, 0,
                                                    residual, weight, 1e-5, 0, timeout_s=0)
+        def apart():  # the same work in two launches: the skinny GEMM into the buffer, then the kernel
+            i[0] += 1
+            skinny_linear(x, ws[i[0] % len(ws)], **cfg, out=bufs[0][:rows])
+            return tar.allreduce_add_rms_norm(ptrs, flag_ptrs, epoch, 0, rows, residual, weight, 1e-5, 0,
+                                              timeout_s=0)
         print(f"gemm_allreduce_add_rms_norm  rows {rows:>4}: {_graph_us(call, args.reps):7.2f} us "
-              f"(o_proj [{h} x {args.gemm_k}])", flush=True)
+              f"(o_proj [{h} x {args.gemm_k}]); skinny GEMM + allreduce_add_rms_norm "
+              f"{_graph_us(apart, args.reps):7.2f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ MAX_BYTES = 16 << 20
 DEFAULT_GEMM_ROWS = 0
 """Batches up to this many rows (and at most 16) also run the row-parallel GEMM in the same launch
 (ops/triton_allreduce.gemm_allreduce_add_rms_norm), unless TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS says
-otherwise (e.g. 4). Off by default until it has run on two GPUs: its tests passed on one H200 with
-two ranks simulated in one process, but no 2-GPU machine was lent in the session that wrote it."""
+otherwise (e.g. 4). Off: it has not run on two GPUs yet, and with the peer simulated on one H200 it
+was slower than the GEMM and the all-reduce kernel in two launches (13.2 vs 12.5 µs at 1 row, 16.7
+vs 12.7 at 4; benchmarks/fused_rows_probe.py): its last program reduces every row alone."""
 DEFAULT_FUSED_ROWS = 512
 """Batches up to this many rows reduce inside the following RMSNorm's kernel, unless
 `create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the 2×H200
