@@ -19,6 +19,8 @@ import importlib.util
 
 import torch
 
+from pdl_probe import time_us  # a sibling script: benchmarks/ is on sys.path when run as a script
+
 
 def _load(path: str | None):
     if path is None:
@@ -31,20 +33,8 @@ def _load(path: str | None):
 
 
 def _graph_us(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (3 * reps)
+    """µs per call of fn, `reps` back-to-back calls captured in one CUDA graph (pdl_probe's timer)."""
+    return time_us(lambda: [fn() for _ in range(reps)], 3, graph=True) / reps
 
 
 def main() -> None:
