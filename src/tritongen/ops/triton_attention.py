@@ -449,6 +449,8 @@ FUSED_UNSPLIT = False
 """Whether decode batches too large to split (NUM_SPLITS 1) take the fused kernel as well. Off: on an
 H200 the fused kernel lost there (13B offline sharegpt-like-1000, same job: 16.28 vs 16.51 req/s with
 the separate rotary + attention kernels) while winning at batch 1 (7.059 vs 7.162 ms/step)."""
+
+
 def decode_counters(device: torch.device, n: int) -> torch.Tensor:
     """The fused decode kernel's int32 counters, one per (sequence, KV head) of a split batch: the
     split-K GEMMs' counters (triton_gemv.split_workspace), at least max(n, SPLIT_BELOW_PROGRAMS) so

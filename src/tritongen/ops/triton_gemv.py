@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.triton_elementwise import silu_mul
+from tritongen.ops.triton_elementwise import silu_and_mul, silu_mul
 
 logger = logging.getLogger(__name__)
 
@@ -405,8 +405,6 @@ def select_gated_kernels(weights: list[torch.Tensor],
 def _time_gated_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
     """[µs of the unfused GEMM + SiLU·mul, µs of each gated candidate] for one (2N, K, dtype, rows) case."""
     import torch.nn.functional as F
-
-    from tritongen.ops.triton_elementwise import silu_and_mul
 
     n, k, dtype, rows = case
     x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
