@@ -6,9 +6,9 @@ configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.p
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
 SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the
 split-decode kernel and its reduce at the largest split count, the fused decode kernel unsplit and
-at the largest split count, every skinny GEMM candidate and every gated (gate/up + SiLU·mul) one. The PTX of kernels whose last program
-reduces (split-K GEMMs, split fused decode) is checked for the memory ordering they rely on, and
-the fused decode kernel's for the barrier after its KV write.
+at the largest split count, every skinny GEMM candidate and every gated (gate/up + SiLU·mul) one.
+The PTX of kernels whose last program reduces (split-K GEMMs, split fused decode) is checked for the
+memory ordering they rely on, and the fused decode kernel's for the barrier after its KV write.
 """
 from __future__ import annotations
 
