@@ -27,6 +27,7 @@ from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
+from tritongen.ops import triton_lamport as tl_  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale"}
@@ -111,6 +112,8 @@ def configs() -> list[tuple]:
                         dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, TIMEOUT=True,
                              BLOCK=8192),
                         dict(num_warps=8)))
+            out.append((tl_._lamport_kernel, dtype, dict(RANK=rank, WORLD=2, WORLD_POW2=2, BITS=16, TIMEOUT=True,
+                                                         BLOCK=8192), dict(num_warps=8)))
             for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM
                 out.append((tar._gemm_allreduce_add_rms_norm_kernel, dtype, dict(
                     RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, BLOCK_M=16, BLOCK_N=c["block_n"],

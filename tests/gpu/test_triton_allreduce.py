@@ -150,3 +150,52 @@ def test_a_peer_that_never_signals_fails_the_kernel_instead_of_hanging():
     proc = subprocess.run([sys.executable, "-c", _LONELY_RANK], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "failed as it should" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lamport_two_ranks_push_poll_and_rotate_generations(dtype):
+    """The Lamport form (ops/triton_lamport.py): rank 1's push is placed into rank 0's inbox by hand
+    (as if it had run first); rank 0 reads it, pushes its own rows into rank 1's inbox and resets the
+    generation it read a call before; rank 1 then finds rank 0's rows. Negative zeros travel as
+    positive ones, so the sentinel never stands for data; both ranks get the same bits."""
+    from tritongen.ops.triton_lamport import fill_sentinel, inbox_elements, lamport_add_rms_norm
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    g = torch.Generator().manual_seed(3)
+    cap, own_size = SLOTS, 2 * MAX_ROWS * HIDDEN  # inbox after the two halves of partial sums
+    bufs = [torch.full((own_size + inbox_elements(2, cap, HIDDEN),), float("nan"), dtype=dtype, device=DEVICE)
+            for _ in range(2)]
+    for b in bufs:
+        fill_sentinel(b[own_size:])
+    inboxes = [b[own_size:].view(3, 2, cap, HIDDEN) for b in bufs]
+    epochs = [torch.zeros(cap, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.int64, device=DEVICE)
+    weight = torch.randn(HIDDEN, generator=g).to(DEVICE, dtype)
+    sentinel = torch.tensor(-0.0, dtype=dtype).view(torch.int16 if dtype is torch.bfloat16 else torch.int32)
+    for call, rows in enumerate((3, 1, 4, 2, 4, 1, 3)):  # every slot goes through all three generations
+        parts = [torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype) for _ in range(2)]
+        parts[0][0, :3] = -0.0
+        residual = torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype)
+        sent = [torch.where(p == 0, torch.zeros_like(p), p) for p in parts]  # -0 -> +0, as pushed
+        gens = (epochs[0][:rows] % 3).tolist()
+        assert gens == (epochs[1][:rows] % 3).tolist()
+        for r in range(2):
+            bufs[r][:rows * HIDDEN] = parts[r].flatten()
+        for row, gen in enumerate(gens):
+            inboxes[0][gen, 1, row] = sent[1][row]
+        got = [lamport_add_rms_norm(ptrs, epochs[0], 0, own_size, cap, rows, residual, weight, 1e-6, 0, 0)]
+        for row, gen in enumerate(gens):
+            assert torch.equal(inboxes[1][gen, 0, row], sent[0][row])  # rank 0's push, -0 as +0
+            assert (inboxes[0][(gen + 2) % 3, 1, row].view(sentinel.dtype) == sentinel).all()  # reset
+        got.append(lamport_add_rms_norm(ptrs, epochs[1], 0, own_size, cap, rows, residual, weight, 1e-6, 1, 0))
+        total = (sent[0].float() + sent[1].float()).to(dtype)
+        want_h, want_s = reference.add_rms_norm(total, residual, weight, 1e-6)
+        for h, s in got:
+            assert torch.equal(s, want_s)
+            torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
+        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    assert epochs[0].tolist() == [7, 5, 4, 2] and torch.equal(epochs[0], epochs[1])
+    with pytest.raises(ValueError, match="1..4 rows"):
+        lamport_add_rms_norm(ptrs, epochs[0], 0, own_size, cap, cap + 1, torch.zeros(cap + 1, HIDDEN, dtype=dtype,
+                             device=DEVICE), weight, 1e-6, 0, 0)

@@ -18,6 +18,9 @@ straight into the symmetric buffer:
   buffer, valid until the next row-parallel layer writes it (the residual add right after each
   o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same order);
 - larger inputs (prefill chunks) keep NCCL, which is at least as fast there.
+`TRITONGEN_LAMPORT_ALLREDUCE=1` (experimental, off: not yet run on two GPUs) reduces batches of up to
+SLOTS rows with ops/triton_lamport.py instead: each rank stores its rows into the peers' inboxes and
+polls its own for theirs, one NVLink trip instead of the flag handshake's two.
 `TRITONGEN_SYMMETRIC_ALLREDUCE=0` turns all of it off (NCCL everywhere), `=twoshot` the fusion only,
 for comparisons.
 
@@ -81,6 +84,10 @@ class Peers:
     epoch: torch.Tensor
     count: torch.Tensor
     """int32 [1], zero between launches: the GEMM + all-reduce kernel's programs count themselves in."""
+    inbox: int = -1
+    """Elements from the buffer start to the Lamport inboxes (ops/triton_lamport.py); -1: none."""
+    lamport_epoch: Optional[torch.Tensor] = None
+    """int32 [SLOTS]: this rank's call counter per program slot of the Lamport kernel."""
 
 
 def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
@@ -100,11 +107,11 @@ def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
     return torch.tensor([b + offset for b in bases], dtype=torch.int64, device=t.device)
 
 
-def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: int, group_name: str
-                  ) -> tuple[torch.Tensor, Peers]:
-    """The fused path's symmetric region ([2 halves, rows, hidden] partial sums) and its zeroed flags
-    ([world, SLOTS] int32, one per program of the kernel) in one allocation and one rendezvous;
-    collective.
+def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: int, group_name: str,
+                  lamport: bool = False) -> tuple[torch.Tensor, Peers]:
+    """The fused path's symmetric region ([2 halves, rows, hidden] partial sums), with `lamport` the
+    Lamport kernel's inboxes (filled with its sentinel), and its zeroed flags ([world, SLOTS] int32,
+    one per program of the kernel) in one allocation and one rendezvous; collective.
 
     One allocation because a flags tensor of its own (a few hundred bytes, rendezvoused apart) faulted
     on the 2×H200 at the first atomic store into the peer's copy, while peer loads from the large
@@ -113,17 +120,23 @@ def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: i
 
     from tritongen.ops.triton_allreduce import SLOTS
 
+    from tritongen.ops.triton_lamport import fill_sentinel, inbox_elements
+
     world, elt = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
     data = 2 * rows * hidden
-    region = symm_mem.empty(data + -(-world * SLOTS * 4 // elt), dtype=dtype, device=device)
+    inbox = inbox_elements(world, SLOTS, hidden) if lamport else 0
+    region = symm_mem.empty(data + inbox + -(-world * SLOTS * 4 // elt), dtype=dtype, device=device)
     handle = symm_mem.rendezvous(region, group_name)
-    flags = region[data:].view(torch.int32)[:world * SLOTS]
+    flags = region[data + inbox:].view(torch.int32)[:world * SLOTS]
     flags.zero_()
+    if lamport:
+        fill_sentinel(region[data:data + inbox])
     torch.cuda.synchronize(device)
-    dist.barrier(device_ids=[device.index])  # no peer signals before every rank zeroed its flags
+    dist.barrier(device_ids=[device.index])  # no peer signals (or pushes) before every rank is ready
     base = peer_addresses(handle, region)
-    peers = Peers(dist.get_rank(), base, base + data * elt, torch.zeros(SLOTS, dtype=torch.int32, device=device),
-                  torch.zeros(1, dtype=torch.int32, device=device))
+    zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
+    peers = Peers(dist.get_rank(), base, base + (data + inbox) * elt, zeros(SLOTS), zeros(1),
+                  data if lamport else -1, zeros(SLOTS) if lamport else None)
     return region[:data].view(2, rows, hidden), peers
 
 
@@ -171,7 +184,9 @@ class SymmetricAllReduce:
             # hidden * elt % 16: rows 16-byte aligned, for the kernel's vector loads
             if _mode() == "twoshot" or fused_rows <= 0 or hidden * elt % 16:
                 hidden = 0
-            fused, peers = _fused_region(dtype, device, fused_rows, hidden, group_name) if hidden else (None, None)
+            lamport = os.environ.get("TRITONGEN_LAMPORT_ALLREDUCE", "0") == "1"
+            fused, peers = (_fused_region(dtype, device, fused_rows, hidden, group_name, lamport) if hidden
+                            else (None, None))
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
             return cls(buf, group_name, fused, peers)
@@ -236,6 +251,12 @@ class SymmetricAllReduce:
             return triton_allreduce.gemm_allreduce_add_rms_norm(*gemm, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
                                                                 offset, residual, weight, eps, p.rank,
                                                                 timeout_s=self.timeout_s)
+        rows = x.numel() // x.shape[-1]
+        if p.lamport_epoch is not None and rows <= p.lamport_epoch.numel():
+            from tritongen.ops.triton_lamport import lamport_add_rms_norm
+
+            return lamport_add_rms_norm(p.buf_ptrs, p.lamport_epoch, offset, p.inbox, p.lamport_epoch.numel(), rows,
+                                        residual, weight, eps, p.rank, self.timeout_s)
         return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
                                                        x.numel() // x.shape[-1], residual, weight, eps, p.rank,
                                                        timeout_s=self.timeout_s)
