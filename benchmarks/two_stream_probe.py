@@ -5,7 +5,11 @@ each other (the flag handshake of ops/triton_allreduce.py, the push-and-poll of
 ops/triton_lamport.py), over many back-to-back calls in CUDA graphs; the results are checked against
 the sum computed in float32.
 
-    PYTHONPATH=$PWD/src python3 benchmarks/two_stream_probe.py [--rows 1,4,16,128] [--reps 80]
+    PYTHONPATH=$PWD/src python3 benchmarks/two_stream_probe.py [--rows 1,4,16,64] [--reps 80] [--eager]
+
+Up to 64 rows: both ranks' programs (one per row, one per SM at this size) must be resident at once
+on the one GPU's 132 SMs, or a rank's spinning programs keep the other's from starting (the kernels
+then time out), which two GPUs never see.
 
 Prints µs per call (both ranks' kernels of a call run concurrently) for each protocol. Local loads
 answer faster than a peer's over NVLink, so the difference between the protocols here is a lower
@@ -53,6 +57,9 @@ def _rank_calls(rows: int, h: int, lamport: bool, dev: torch.device):
             outs[rank] = allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[rank], half * SLOTS * h, rows, residual,
                                                 weight, 1e-5, rank, timeout_s=20.0)
 
+    # ptrs / flag_ptrs hold only raw addresses: the buffers must live as long as `call` (torch.cuda.graph
+    # empties the allocator's cache, which unmaps freed blocks: a kernel would then fault on them).
+    call.buffers = (bufs, flags)  # type: ignore[attr-defined]
     # Compile each rank's kernel alone first: loading a module can wait for running kernels, so a rank
     # spinning on a peer that is still being compiled would never see it. Alone, a rank finds its
     # peer's signal (or rows) already there; then everything is reset.
@@ -71,7 +78,7 @@ def _rank_calls(rows: int, h: int, lamport: bool, dev: torch.device):
     return call, outs, want
 
 
-def _time(call, reps: int, dev: torch.device) -> float:
+def _time(call, reps: int, dev: torch.device, eager: bool = False) -> float:
     streams = [torch.cuda.Stream(dev), torch.cuda.Stream(dev)]
 
     def both(n: int) -> None:
@@ -87,6 +94,13 @@ def _time(call, reps: int, dev: torch.device) -> float:
 
     both(3)  # eagerly first
     torch.cuda.synchronize(dev)
+    if eager:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        both(reps)
+        end.record()
+        torch.cuda.synchronize(dev)
+        return start.elapsed_time(end) * 1000 / reps
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         both(reps)
@@ -102,16 +116,18 @@ def _time(call, reps: int, dev: torch.device) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="1,4,16,128")
+    ap.add_argument("--rows", default="1,4,16,64")
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--reps", type=int, default=80)
+    ap.add_argument("--protocols", default="flags,lamport")
+    ap.add_argument("--eager", action="store_true", help="launch eagerly instead of in a CUDA graph")
     args = ap.parse_args()
     dev = torch.device("cuda")
     for rows in [int(r) for r in args.rows.split(",")]:
         line = f"rows {rows:>4}:"
-        for name, lamport in (("flags", False), ("lamport", True)):
-            call, outs, (want_h, want_s) = _rank_calls(rows, args.hidden, lamport, dev)
-            us = _time(call, args.reps, dev)
+        for name in args.protocols.split(","):
+            call, outs, (want_h, want_s) = _rank_calls(rows, args.hidden, name == "lamport", dev)
+            us = _time(call, args.reps, dev, args.eager)
             right = all(torch.equal(o[1], want_s) and torch.allclose(o[0].float(), want_h.float(), atol=2e-2)
                         for o in outs)
             line += f"  {name} {us:6.2f} us{'' if right else ' WRONG'}"
