@@ -25,9 +25,13 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         lines.append(f"rank {rank}: buf {sym.buf.data_ptr():#x} ptrs {[hex(p) for p in sym.peers.buf_ptrs.tolist()]} "
                      f"flag ptrs {[hex(p) for p in sym.peers.flag_ptrs.tolist()]}")
         print(lines[-1], flush=True)
+        assert sym.peers.lamport_epoch is not None, "no Lamport inboxes in the default (measuring) mode"
+        lines.append(f"rank {rank}: the load-time measurement gave the Lamport kernel {sym.peers.lamport_rows} rows")
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(hidden, generator=gen).to(device, torch.bfloat16)
-        for step, rows in enumerate((1, 3, 128, 1, 7, 300, 512) * 3):  # one row per program, and loops
+        steps = [(lamport, rows) for lamport in (0, 128, 0) for rows in (1, 3, 128, 1, 7, 300, 512)]
+        for step, (lamport, rows) in enumerate(steps):  # one row per program, and loops; both protocols, mixed
+            sym.peers.lamport_rows = lamport
             parts = [torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16) for _ in range(world)]
             residual = torch.randn(rows, hidden, generator=gen).to(device, torch.bfloat16)
             half = step % 2

@@ -1,6 +1,7 @@
-"""The symmetric-memory all-reduce paths of tensor parallelism on two GPUs: the fused all-reduce +
-residual add + RMSNorm kernel (bit-equal residual stream to summing the partials in float32,
-rounding once, and adding) over several calls and both buffer halves, and the two-shot path."""
+"""The symmetric-memory all-reduce paths of tensor parallelism on two GPUs (and on one, with no
+peer): the fused all-reduce + residual add + RMSNorm kernels, flag and Lamport protocols (bit-equal
+residual stream to summing the partials in float32, rounding once, and adding) over several calls
+and both buffer halves, the load-time choice between them, and the two-shot path."""
 import os
 import sys
 from pathlib import Path
@@ -9,11 +10,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
+pytestmark = pytest.mark.gpu
 
 
-def test_fused_and_two_shot_all_reduce(tmp_path) -> None:
+@pytest.mark.parametrize("world", [1, 2])
+def test_fused_and_two_shot_all_reduce(tmp_path, world: int) -> None:
+    """world 1: one GPU runs the same paths (the load-time measurement included) with no peer."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA devices")
     pytest.importorskip("triton")
     sys.path.insert(0, str(Path(__file__).parent))
     import symm_worker
@@ -24,7 +28,7 @@ def test_fused_and_two_shot_all_reduce(tmp_path) -> None:
                     os.environ.get("PYTHONPATH")) if p)
     ctx = mp.get_context("spawn")
     port = free_ports(1)[0]
-    procs = [ctx.Process(target=symm_worker.rank_main, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=symm_worker.rank_main, args=(r, world, port, str(tmp_path))) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -35,4 +39,4 @@ def test_fused_and_two_shot_all_reduce(tmp_path) -> None:
     assert not errors, "\n".join(errors)
     for f in sorted(tmp_path.glob("rank*.ok")):
         print(f.read_text())
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert [p.exitcode for p in procs] == [0] * world

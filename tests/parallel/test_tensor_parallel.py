@@ -171,3 +171,39 @@ def test_small_batches_leave_the_row_parallel_gemm_to_the_reducing_kernel(monkey
     assert seen[0] == (0, None)
     assert seen[1][0] == 1 and seen[1][1][1] is w and seen[1][1][2] is cfg
     assert sym._gemm is None and sym._pending is None  # consumed
+
+
+def test_lamport_kernel_serves_the_batch_sizes_where_it_was_measured_faster() -> None:
+    from tritongen.parallel.calibrate import LAMPORT_MIN_GAIN, lamport_rows
+
+    rows = [1, 16, 64, 128]
+    flags = [7.0, 8.0, 10.0, 14.0]
+    assert lamport_rows(rows, flags, [4.0, 5.0, 9.0, 13.0], True) == 128
+    assert lamport_rows(rows, flags, [4.0, 5.0, 10.0, 13.0], True) == 16  # no gain at 64: none above either
+    assert lamport_rows(rows, flags, [8.0, 5.0, 9.0, 13.0], True) == 0  # slower from the first size on
+    assert lamport_rows(rows, flags, [7.0 * LAMPORT_MIN_GAIN, 9.0, 9.0, 9.0], True) == 1  # the margin itself
+    assert lamport_rows(rows, flags, [1.0, 1.0, 1.0, 1.0], False) == 0  # results differed: never
+    assert lamport_rows([], [], [], True) == 0
+
+
+def test_lamport_mode_and_dispatch_by_rows(monkeypatch) -> None:
+    from tritongen.ops import triton_allreduce, triton_lamport
+    from tritongen.parallel import symmetric
+
+    for value, mode in (("1", "on"), ("on", "on"), ("0", "off"), ("OFF", "off"), ("auto", "auto"), ("", "auto")):
+        monkeypatch.setenv("TRITONGEN_LAMPORT_ALLREDUCE", value)
+        assert symmetric._lamport_mode() == mode, value
+    monkeypatch.delenv("TRITONGEN_LAMPORT_ALLREDUCE")
+    assert symmetric._lamport_mode() == "auto"
+    hidden = 4
+    zeros = torch.zeros(4, dtype=torch.int32)
+    peers = symmetric.Peers(0, zeros.long(), zeros.long(), zeros, zeros[:1], inbox=64, lamport_epoch=zeros.clone(),
+                            lamport_rows=2)
+    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, 8, hidden), peers)
+    seen = []
+    monkeypatch.setattr(triton_lamport, "lamport_add_rms_norm", lambda *a, **k: seen.append(("lamport", a[5])))
+    monkeypatch.setattr(triton_allreduce, "allreduce_add_rms_norm", lambda *a, **k: seen.append(("flags", a[4])))
+    for rows in (1, 2, 3, 8):
+        part = sym.partial(rows % 2, rows, hidden)
+        sym.reduce_add_rms_norm(part, part, torch.ones(hidden), 1e-6)
+    assert seen == [("lamport", 1), ("lamport", 2), ("flags", 3), ("flags", 8)]

@@ -18,9 +18,10 @@ straight into the symmetric buffer:
   buffer, valid until the next row-parallel layer writes it (the residual add right after each
   o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same order);
 - larger inputs (prefill chunks) keep NCCL, which is at least as fast there.
-`TRITONGEN_LAMPORT_ALLREDUCE=1` (experimental, off: not yet run on two GPUs) reduces batches of up to
-SLOTS rows with ops/triton_lamport.py instead: each rank stores its rows into the peers' inboxes and
-polls its own for theirs, one NVLink trip instead of the flag handshake's two.
+Small batches may reduce with ops/triton_lamport.py instead (each rank stores its rows into the
+peers' inboxes and polls its own for theirs: one NVLink trip instead of the flag handshake's two).
+parallel.calibrate times both kernels at load and picks the batch sizes where the Lamport one wins;
+`TRITONGEN_LAMPORT_ALLREDUCE=1` uses it up to SLOTS rows without measuring, `=0` never.
 `TRITONGEN_SYMMETRIC_ALLREDUCE=0` turns all of it off (NCCL everywhere), `=twoshot` the fusion only,
 for comparisons.
 
@@ -45,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from tritongen.ops import kernels
+from tritongen.parallel.calibrate import calibrate_lamport
 from tritongen.parallel.worker import timeout
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,12 @@ def _mode() -> str:
     return os.environ.get("TRITONGEN_SYMMETRIC_ALLREDUCE", "1").lower()
 
 
+def _lamport_mode() -> str:
+    """'auto' (measure at load), 'on' or 'off', from TRITONGEN_LAMPORT_ALLREDUCE."""
+    value = os.environ.get("TRITONGEN_LAMPORT_ALLREDUCE", "auto").lower()
+    return {"1": "on", "true": "on", "on": "on", "0": "off", "false": "off", "off": "off"}.get(value, "auto")
+
+
 def wanted(device: torch.device, world_size: int) -> bool:
     return world_size > 1 and device.type == "cuda" and _mode() not in ("0", "false", "off")
 
@@ -88,6 +96,8 @@ class Peers:
     """Elements from the buffer start to the Lamport inboxes (ops/triton_lamport.py); -1: none."""
     lamport_epoch: Optional[torch.Tensor] = None
     """int32 [SLOTS]: this rank's call counter per program slot of the Lamport kernel."""
+    lamport_rows: int = 0
+    """Batches of up to this many rows reduce with the Lamport kernel (0: none)."""
 
 
 def peer_addresses(handle, t: torch.Tensor) -> torch.Tensor:
@@ -119,7 +129,6 @@ def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: i
     import torch.distributed._symmetric_memory as symm_mem
 
     from tritongen.ops.triton_allreduce import SLOTS
-
     from tritongen.ops.triton_lamport import fill_sentinel, inbox_elements
 
     world, elt = dist.get_world_size(), torch.empty((), dtype=dtype).element_size()
@@ -184,9 +193,13 @@ class SymmetricAllReduce:
             # hidden * elt % 16: rows 16-byte aligned, for the kernel's vector loads
             if _mode() == "twoshot" or fused_rows <= 0 or hidden * elt % 16:
                 hidden = 0
-            lamport = os.environ.get("TRITONGEN_LAMPORT_ALLREDUCE", "0") == "1"
-            fused, peers = (_fused_region(dtype, device, fused_rows, hidden, group_name, lamport) if hidden
-                            else (None, None))
+            lamport = _lamport_mode()
+            fused, peers = (_fused_region(dtype, device, fused_rows, hidden, group_name, lamport != "off")
+                            if hidden else (None, None))
+            if peers is not None and lamport == "on":
+                peers.lamport_rows = min(peers.lamport_epoch.numel(), fused_rows)
+            elif peers is not None and lamport == "auto":
+                peers.lamport_rows = calibrate_lamport(fused, peers, timeout().total_seconds())
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
             return cls(buf, group_name, fused, peers)
@@ -252,14 +265,13 @@ class SymmetricAllReduce:
                                                                 offset, residual, weight, eps, p.rank,
                                                                 timeout_s=self.timeout_s)
         rows = x.numel() // x.shape[-1]
-        if p.lamport_epoch is not None and rows <= p.lamport_epoch.numel():
+        if rows <= p.lamport_rows:
             from tritongen.ops.triton_lamport import lamport_add_rms_norm
 
             return lamport_add_rms_norm(p.buf_ptrs, p.lamport_epoch, offset, p.inbox, p.lamport_epoch.numel(), rows,
                                         residual, weight, eps, p.rank, self.timeout_s)
-        return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset,
-                                                       x.numel() // x.shape[-1], residual, weight, eps, p.rank,
-                                                       timeout_s=self.timeout_s)
+        return triton_allreduce.allreduce_add_rms_norm(p.buf_ptrs, p.flag_ptrs, p.epoch, offset, rows, residual,
+                                                       weight, eps, p.rank, timeout_s=self.timeout_s)
 
     def all_reduce_(self, out: torch.Tensor) -> torch.Tensor:
         """Sum `out` (a view from `output`) over the ranks, in place."""
