@@ -4,6 +4,7 @@ checks the fused all-reduce + residual add + RMSNorm, and the two-shot path, aga
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import torch
@@ -20,13 +21,16 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         from tritongen.parallel.symmetric import SymmetricAllReduce
 
         hidden, lines = 5120, []
+        started = time.perf_counter()
         sym = SymmetricAllReduce.create(torch.bfloat16, device, hidden=hidden, fused_rows=512)
+        created_s = time.perf_counter() - started
         assert sym is not None and sym.peers is not None, "symmetric memory unavailable"
         lines.append(f"rank {rank}: buf {sym.buf.data_ptr():#x} ptrs {[hex(p) for p in sym.peers.buf_ptrs.tolist()]} "
                      f"flag ptrs {[hex(p) for p in sym.peers.flag_ptrs.tolist()]}")
         print(lines[-1], flush=True)
         assert sym.peers.lamport_epoch is not None, "no Lamport inboxes in the default (measuring) mode"
-        lines.append(f"rank {rank}: the load-time measurement gave the Lamport kernel {sym.peers.lamport_rows} rows")
+        lines.append(f"rank {rank}: the load-time measurement gave the Lamport kernel {sym.peers.lamport_rows} rows "
+                     f"(created in {created_s:.1f} s)")
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(hidden, generator=gen).to(device, torch.bfloat16)
         steps = [(lamport, rows) for lamport in (0, 128, 0) for rows in (1, 3, 128, 1, 7, 300, 512)]

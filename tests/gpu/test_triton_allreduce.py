@@ -32,6 +32,17 @@ def _ranks(dtype):
     return bufs, flags, epochs, ptrs, flag_ptrs
 
 
+def _assert_ranks_agree_with_the_sum(got, parts, residual, weight):
+    """Both ranks' (normed, residual stream) equal the reference over the float32 sum of `parts`,
+    rounded once: the residual stream to the bit, and the ranks to each other."""
+    total = (parts[0].float() + parts[1].float()).to(residual.dtype)
+    want_h, want_s = reference.add_rms_norm(total, residual, weight, 1e-6)
+    for h, s in got:
+        assert torch.equal(s, want_s)
+        torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_two_ranks_sum_add_and_normalize_alike(dtype):
     if INTERPRET and dtype is torch.bfloat16:
@@ -49,12 +60,7 @@ def test_two_ranks_sum_add_and_normalize_alike(dtype):
         flags[0][1, :programs] = epochs[0][:programs] + 1  # rank 1's signal, as if it had run first
         got = [allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[r], half * MAX_ROWS * HIDDEN, rows, residual,
                                       weight, 1e-6, r) for r in range(2)]
-        total = (parts[0].float() + parts[1].float()).to(dtype)
-        want_h, want_s = reference.add_rms_norm(total, residual, weight, 1e-6)
-        for h, s in got:
-            assert torch.equal(s, want_s)  # the residual stream: sum in float32, round once, add
-            torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
-        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])  # alike on both ranks
+        _assert_ranks_agree_with_the_sum(got, parts, residual, weight)
         # Rank 0 stored its epoch into rank 1's flags for (rank 0, program), for this call's programs.
         assert torch.equal(flags[1][0, :programs], epochs[0][:programs])
     assert epochs[0].tolist() == [5, 4, 4, 3] and torch.equal(epochs[0], epochs[1])
@@ -97,12 +103,7 @@ def test_gemm_and_all_reduce_in_one_launch(dtype, block_n):
         for r in range(2):
             assert torch.equal(bufs[r][half, :rows], parts[r])  # the tiles, stored by the programs
             assert counts[r].item() == 0  # reset by the last program
-        total = (parts[0].float() + parts[1].float()).to(dtype)
-        want_h, want_s = reference.add_rms_norm(total, residual, norm_weight, 1e-6)
-        for h, s in got:
-            assert torch.equal(s, want_s)
-            torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
-        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+        _assert_ranks_agree_with_the_sum(got, parts, residual, norm_weight)
         assert flags[1][0, 0].item() == epochs[0][0].item() == call + 1  # one slot per launch
     assert epochs[0][1:].eq(0).all()
 
@@ -189,12 +190,7 @@ def test_lamport_two_ranks_push_poll_and_rotate_generations(dtype):
             assert torch.equal(inboxes[1][gen, 0, row], sent[0][row])  # rank 0's push, -0 as +0
             assert (inboxes[0][(gen + 2) % 3, 1, row].view(sentinel.dtype) == sentinel).all()  # reset
         got.append(lamport_add_rms_norm(ptrs, epochs[1], 0, own_size, cap, rows, residual, weight, 1e-6, 1, 0))
-        total = (sent[0].float() + sent[1].float()).to(dtype)
-        want_h, want_s = reference.add_rms_norm(total, residual, weight, 1e-6)
-        for h, s in got:
-            assert torch.equal(s, want_s)
-            torch.testing.assert_close(h, want_h, atol=2e-2, rtol=2e-2)
-        assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+        _assert_ranks_agree_with_the_sum(got, sent, residual, weight)
     assert epochs[0].tolist() == [7, 5, 4, 2] and torch.equal(epochs[0], epochs[1])
     with pytest.raises(ValueError, match="1..4 rows"):
         lamport_add_rms_norm(ptrs, epochs[0], 0, own_size, cap, cap + 1, torch.zeros(cap + 1, HIDDEN, dtype=dtype,

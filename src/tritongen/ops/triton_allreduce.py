@@ -122,6 +122,20 @@ def _trap(dep):
 
 
 @triton.jit
+def _count_spin(spins, start, timeout_ns):
+    """(spins, start) after one more poll of a spin loop: the clock is read only once the wait is long
+    (1024 polls, ~ms; nothing on the fast path), and every 1024 polls after that the kernel traps
+    once timeout_ns have passed since (start: int64, 0 before)."""
+    spins += 1
+    if spins % 1024 == 0:
+        if spins == 1024:
+            start = _globaltimer(spins)
+        elif _globaltimer(spins) - start > timeout_ns:
+            _trap(spins)
+    return spins, start
+
+
+@triton.jit
 def _wait(FLAG_PTRS, slot, epoch, timeout_ns, RANK: tl.constexpr, WORLD: tl.constexpr, NUM_SLOTS: tl.constexpr,
           TIMEOUT: tl.constexpr):
     """Spin until every peer's flag for (peer, slot) in this rank's flags reached `epoch` (acquire).
@@ -133,13 +147,8 @@ def _wait(FLAG_PTRS, slot, epoch, timeout_ns, RANK: tl.constexpr, WORLD: tl.cons
             spins = 0
             start = epoch.to(tl.int64) * 0
             while tl.atomic_add(own_flags + p * NUM_SLOTS + slot, 0, sem="acquire", scope="sys") - epoch < 0:
-                if TIMEOUT:  # the clock only once the wait is long (1024 polls, ~ms): nothing on the fast path
-                    spins += 1
-                    if spins % 1024 == 0:
-                        if spins == 1024:
-                            start = _globaltimer(epoch)
-                        elif _globaltimer(epoch) - start > timeout_ns:
-                            _trap(epoch)
+                if TIMEOUT:
+                    spins, start = _count_spin(spins, start, timeout_ns)
 
 
 @triton.jit

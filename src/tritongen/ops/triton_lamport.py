@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.triton_allreduce import _add_norm_row, _globaltimer, _outputs, _row_ptr, _timeout_ns, _trap
+from tritongen.ops.triton_allreduce import _add_norm_row, _count_spin, _outputs, _row_ptr, _timeout_ns
 
 GENERATIONS = 3
 
@@ -50,15 +50,10 @@ def _poll(ptrs, ok, timeout_ns, BITS: tl.constexpr, TIMEOUT: tl.constexpr):
     """The row at `ptrs` once no element holds the sentinel (volatile loads: relaxed, system scope)."""
     v = tl.load(ptrs, mask=ok, other=0.0, volatile=True)
     spins = 0
-    start = timeout_ns * 0
+    start = timeout_ns.to(tl.int64) * 0
     while tl.sum((_sentinel(v, BITS) & ok).to(tl.int32), 0) > 0:
-        if TIMEOUT:  # the clock only once the wait is long (1024 polls): nothing on the fast path
-            spins += 1
-            if spins % 1024 == 0:
-                if spins == 1024:
-                    start = _globaltimer(spins)
-                elif _globaltimer(spins) - start > timeout_ns:
-                    _trap(spins)
+        if TIMEOUT:
+            spins, start = _count_spin(spins, start, timeout_ns)
         v = tl.load(ptrs, mask=ok, other=0.0, volatile=True)
     return v
 

@@ -149,6 +149,17 @@ def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: i
     return region[:data].view(2, rows, hidden), peers
 
 
+def _measured_lamport_rows(fused: torch.Tensor, peers: Peers) -> int:
+    """calibrate_lamport's choice; 0 (the flag kernel for every batch) where the measurement itself
+    fails. Its code runs alike on every rank, so a Python error stops every rank at the same point."""
+    try:
+        return calibrate_lamport(fused, peers, timeout().total_seconds())
+    except Exception as exc:  # noqa: BLE001 - an optimization: keep the proven kernel, say why
+        logger.warning("Lamport all-reduce not measured (%s: %s); the flag kernel serves every batch",
+                       type(exc).__name__, exc)
+        return 0
+
+
 class SymmetricAllReduce:
     """Symmetric buffers per rank: MAX_BYTES for `output` / `all_reduce_` (two-shot, in place) and,
     for the fused path, `fused` [2 halves, max rows, hidden] for `partial`."""
@@ -199,7 +210,7 @@ class SymmetricAllReduce:
             if peers is not None and lamport == "on":
                 peers.lamport_rows = min(peers.lamport_epoch.numel(), fused_rows)
             elif peers is not None and lamport == "auto":
-                peers.lamport_rows = calibrate_lamport(fused, peers, timeout().total_seconds())
+                peers.lamport_rows = _measured_lamport_rows(fused, peers)
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
             return cls(buf, group_name, fused, peers)
