@@ -40,6 +40,11 @@ def _measure(args: argparse.Namespace, spec: str) -> dict:
               enable_prefix_caching=False, **kw)
     try:
         result: dict = {"tp": spec, "kv_blocks": llm.engine.runner.num_blocks}
+        shard = getattr(getattr(llm.engine.runner, "runner", None), "shard", None)  # rank 0's ModelRunner
+        peers = getattr(getattr(shard, "symmetric", None), "peers", None)
+        if peers is not None:
+            result["lamport_rows"] = peers.lamport_rows  # the load-time protocol choice (parallel.calibrate)
+            _log(f"fused all-reduce: the Lamport kernel serves batches up to {peers.lamport_rows} rows")
         _log(f"ready: {result['kv_blocks']} KV blocks; batch-1 latency")
         result["bs1"] = run_latency(llm, 1, args.input_len, args.output_len, iters=args.iters)
         _log(f"bs1 {result['bs1']['decode_step_ms']['mean']:.3f} ms/step")
