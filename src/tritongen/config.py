@@ -56,6 +56,9 @@ class SchedulerConfig:
 class ParallelConfig:
     tensor_parallel_size: int = 1
     """GPUs (or, on CPU, gloo processes) one model is split over; ranks 1.. run in worker processes."""
+    disable_custom_all_reduce: bool = False
+    """Tensor parallelism on CUDA: NCCL for every all-reduce instead of the symmetric-memory kernels
+    (as TRITONGEN_SYMMETRIC_ALLREDUCE=0; vLLM's flag of the same name)."""
     engine_process: Optional[bool] = None
     """Servers (AsyncLLM): run the engine loop in a child process, so that the frontend's per-token
     work (Triton responses, SSE chunks) does not share a GIL with the engine's host work. Unset:

@@ -88,7 +88,8 @@ def test_tp2_loads_each_rank_slice_from_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_workers_exit_when_the_engine_stops() -> None:
-    llm = LLM("dummy:tiny-llama", tensor_parallel_size=2, **ENGINE)
+    llm = LLM("dummy:tiny-llama", tensor_parallel_size=2, disable_custom_all_reduce=True, **ENGINE)
+    assert not llm.engine.runner.runner.shard.custom_all_reduce  # NCCL (here gloo) for every all-reduce
     pids = llm.engine.runner.worker_pids
     assert len(pids) == 1 and pid_alive(pids[0])
     llm.shutdown()

@@ -190,8 +190,9 @@ class TensorParallelRunner:
             for rank in range(1, n):
                 self._workers.start(WorkerSpec(rank, n, backend, init_method, config, model_path, os.getpid()))
             dist.init_process_group(backend, init_method=init_method, rank=0, world_size=n, timeout=timeout())
-            self.runner = ModelRunner(config.model, config.cache, config.scheduler, model_path,
-                                      shard=Shard(0, n), driver=True)
+            shard = Shard(0, n, custom_all_reduce=not config.parallel.disable_custom_all_reduce)
+            self.runner = ModelRunner(config.model, config.cache, config.scheduler, model_path, shard=shard,
+                                      driver=True)
         except BaseException:
             self.shutdown()
             raise

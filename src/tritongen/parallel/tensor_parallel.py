@@ -67,10 +67,13 @@ def kv_heads_per_rank(arch: ModelArch, world_size: int) -> int:
 class Shard:
     """Where this rank sits: rank, world_size and the process group of its collectives."""
 
-    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup] = None) -> None:
+    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup] = None,
+                 custom_all_reduce: bool = True) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, {world_size})")
         self.rank, self.world_size, self.group = rank, world_size, group
+        self.custom_all_reduce = custom_all_reduce
+        """False: NCCL for every all-reduce (ParallelConfig.disable_custom_all_reduce)."""
         self.symmetric: Optional[SymmetricAllReduce] = None
         """Set on CUDA (ModelRunner): row-parallel layers then reduce decode-sized outputs through it."""
 

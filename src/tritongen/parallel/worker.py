@@ -82,8 +82,8 @@ def worker_main(conn: Connection) -> None:
     try:
         dist.init_process_group(spec.backend, init_method=spec.init_method, rank=rank, world_size=world_size,
                                 timeout=timeout())
-        runner = ModelRunner(config.model, config.cache, config.scheduler, spec.model_path,
-                             shard=Shard(rank, world_size), driver=False)
+        shard = Shard(rank, world_size, custom_all_reduce=not config.parallel.disable_custom_all_reduce)
+        runner = ModelRunner(config.model, config.cache, config.scheduler, spec.model_path, shard=shard, driver=False)
         while True:
             try:
                 msg = conn.recv()

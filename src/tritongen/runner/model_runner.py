@@ -92,7 +92,7 @@ class ModelRunner:
         self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
         if self.attention_backend == "triton":
             self._select_decode_gemms()
-        if shard is not None and symmetric.wanted(self.device, shard.world_size):
+        if shard is not None and shard.custom_all_reduce and symmetric.wanted(self.device, shard.world_size):
             # With the Triton kernels, small batches also fuse the all-reduce into the next RMSNorm.
             shard.symmetric = symmetric.SymmetricAllReduce.create(
                 self.dtype, self.device, hidden=self.arch.hidden_size if self.attention_backend == "triton" else 0)
