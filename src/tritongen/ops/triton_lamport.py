@@ -11,8 +11,9 @@ zeros into positive ones first (the same on every rank, so the ranks' sums stay 
 only differ when every term is zero).
 
 Reuse without a barrier: inboxes rotate over three generations per program slot (the slot's own
-call counter modulo 3). At call e a program reads generation e % 3 and then resets generation
-(e + 2) % 3, the one it read at call e - 1, to the sentinel. No peer writes that generation before
+call counter modulo 3). At call e a program reads generation e % 3 and resets generation
+(e + 2) % 3, the one it read at call e - 1, to the sentinel (right after its push, while the peers'
+rows travel). No peer writes that generation before
 call e + 2, and a peer cannot start call e + 2 before this rank pushed its rows of call e + 1, which
 it does only after this kernel finished (stream order). As in the flag version, every rank must make
 the same sequence of calls with the same grid, and a poll that waits longer than timeout_ns traps.
@@ -78,6 +79,13 @@ def _lamport_kernel(BUF_PTRS, EPOCH, R, W, Y, S, offset, inbox, rows_cap, stride
         if p != RANK:
             peer_base = tl.sum(tl.where(ranks == p, bases, 0))
             tl.store(_row_ptr(peer_base, inbox, (gen * WORLD + RANK) * rows_cap + row, N, ty) + cols, own, mask=ok)
+    # The generation read at the previous call back to the sentinel, while the peers' rows travel: no
+    # peer writes it before the call after next (module docstring).
+    old = (gen + 2) % 3
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            _store_sentinel(_row_ptr(own_base, inbox, (old * WORLD + p) * rows_cap + row, N, ty) + cols, ok, BITS,
+                            BLOCK)
     r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     x = tl.zeros([BLOCK], dtype=tl.float32)
@@ -88,11 +96,6 @@ def _lamport_kernel(BUF_PTRS, EPOCH, R, W, Y, S, offset, inbox, rows_cap, stride
             x += _poll(_row_ptr(own_base, inbox, (gen * WORLD + p) * rows_cap + row, N, ty) + cols, ok, timeout_ns,
                        BITS, TIMEOUT).to(tl.float32)
     _add_norm_row(x, r, w, row, N, eps, Y, S, cols, ok)
-    old = (gen + 2) % 3  # read at the previous call; no peer writes it before the call after next
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            _store_sentinel(_row_ptr(own_base, inbox, (old * WORLD + p) * rows_cap + row, N, ty) + cols, ok, BITS,
-                            BLOCK)
 
 
 def inbox_elements(world: int, rows_cap: int, hidden: int) -> int:
