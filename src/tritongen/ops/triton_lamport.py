@@ -1,5 +1,5 @@
 """A lower-latency form of ops/triton_allreduce's all-reduce + residual add + RMSNorm for small
-batches (TP only, CUDA, symmetric memory; opt-in: parallel.symmetric, TRITONGEN_LAMPORT_ALLREDUCE=1).
+batches (TP only, CUDA, symmetric memory; parallel.calibrate picks at load the batch sizes it serves).
 
 The flag handshake costs two NVLink trips per call: a rank signals, and only once the peer's flag is
 seen does it load the peer's row. Here each rank instead stores its row straight into a slot of
@@ -13,10 +13,10 @@ only differ when every term is zero).
 Reuse without a barrier: inboxes rotate over three generations per program slot (the slot's own
 call counter modulo 3). At call e a program reads generation e % 3 and resets generation
 (e + 2) % 3, the one it read at call e - 1, to the sentinel (right after its push, while the peers'
-rows travel). No peer writes that generation before
-call e + 2, and a peer cannot start call e + 2 before this rank pushed its rows of call e + 1, which
-it does only after this kernel finished (stream order). As in the flag version, every rank must make
-the same sequence of calls with the same grid, and a poll that waits longer than timeout_ns traps.
+rows travel). No peer writes that generation before call e + 2, and a peer cannot start call e + 2
+before this rank pushed its rows of call e + 1, which it does only after this kernel finished
+(stream order). As in the flag version, every rank must make the same sequence of calls with the
+same grid, and a poll that waits longer than timeout_ns traps.
 """
 from __future__ import annotations
 
