@@ -1,7 +1,8 @@
 """Latency of the all-reduce that tensor parallelism issues twice per layer: NCCL against
 PyTorch's symmetric-memory one-shot / two-shot all-reduce (NVLink P2P loads, no multicast), and
 what follows a row-parallel layer: two-shot + the residual add + RMSNorm kernel against the fused
-all-reduce + add + RMSNorm kernel (parallel.symmetric, ops/triton_allreduce.py). Each is captured
+all-reduce + add + RMSNorm kernel (parallel.symmetric, ops/triton_allreduce.py; `lamport`: the same
+with ops/triton_lamport.py's one-trip protocol, up to 128 rows). Each is captured
 in a CUDA graph of `--reps` back-to-back calls, as the decode graphs run them.
 
 With `--gemm-k K` (rows <= 16) the row-parallel GEMM joins in: x [rows, K] @ W [hidden, K].T (8
@@ -49,10 +50,33 @@ def _time_graph(fn, reps: int, iters: int = 20) -> float:
     return start.elapsed_time(end) * 1000 / (iters * reps)
 
 
+def _plain_cases(x: torch.Tensor, rows: int, buf: torch.Tensor, group_name: str, want: torch.Tensor) -> list:
+    """(name, fn, result, want) of NCCL's all-reduce and torch's one-shot / two-shot kernels."""
+    out = torch.empty_like(x)
+    y = x.clone()
+
+    def nccl() -> None:
+        y.copy_(x)
+        dist.all_reduce(y)
+
+    def one_shot() -> None:
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf[:rows], x, "sum", group_name, out) \
+            if hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out") else \
+            out.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:rows], x, "sum", group_name))
+
+    def two_shot() -> None:
+        buf[:rows].copy_(x)
+        torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
+
+    return [("nccl", nccl, lambda: y, want), ("one_shot", one_shot, lambda: out, want),
+            ("two_shot", two_shot, lambda: buf[:rows], want)]
+
+
 def _norm_cases(sym, x: torch.Tensor, rows: int, hidden: int, group_name: str, buf: torch.Tensor,
                 want: torch.Tensor) -> list:
-    """(name, fn, result) of two-shot + add + RMSNorm and of the fused kernel; results: the residual
-    stream (sum + residual), compared against want + residual."""
+    """(name, fn, result) of two-shot + add + RMSNorm and of the fused kernel, with the flag handshake
+    (`fused`) and, up to its rows, the Lamport protocol (`lamport`), whatever the load-time choice;
+    results: the residual stream (sum + residual), compared against want + residual."""
     from tritongen.ops import kernels
 
     residual = torch.ones(rows, hidden, dtype=torch.bfloat16, device=x.device)
@@ -65,14 +89,17 @@ def _norm_cases(sym, x: torch.Tensor, rows: int, hidden: int, group_name: str, b
         torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
         outs["two_shot+norm"] = kernels.add_rms_norm(buf[:rows], residual, weight, 1e-5)[1]
 
-    def fused() -> None:
+    def fused(name: str = "fused", lamport_rows: int = 0) -> None:
         calls[0] += 1
+        sym.peers.lamport_rows = lamport_rows  # the protocol reduce_add_rms_norm dispatches to
         part = sym.partial(calls[0] % 2, rows, hidden)
         part.copy_(x)
-        outs["fused"] = sym.reduce_add_rms_norm(part, residual, weight, 1e-5)[1]
+        outs[name] = sym.reduce_add_rms_norm(part, residual, weight, 1e-5)[1]
 
-    return [(name, fn, lambda name=name: outs[name] - 1, want) for name, fn in
-            (("two_shot+norm", two_shot_norm), ("fused", fused))]
+    cases = [("two_shot+norm", two_shot_norm), ("fused", fused)]
+    if sym.peers.lamport_epoch is not None and rows <= sym.peers.lamport_epoch.numel():
+        cases.append(("lamport", lambda: fused("lamport", rows)))
+    return [(name, fn, lambda name=name: outs[name] - 1, want) for name, fn in cases]
 
 
 def _gemm_cases(sym, rows: int, hidden: int, k: int, rank: int) -> list:
@@ -91,6 +118,7 @@ def _gemm_cases(sym, rows: int, hidden: int, k: int, rank: int) -> list:
     outs: dict[str, torch.Tensor] = {}
     calls = [0]
     p = sym.peers
+    p.lamport_rows = 0  # the flag handshake after the GEMMs, as in the GEMM + all-reduce kernel
 
     def unfused(name: str, gemm) -> None:
         calls[0] += 1
@@ -140,25 +168,8 @@ def _worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
         base = (torch.arange(rows * args.hidden, device="cuda") % 7 - 3).view(rows, args.hidden).float()
         x = (base * (rank + 1)).to(torch.bfloat16)
         want = base * sum(range(1, world + 1))
-        out = torch.empty_like(x)
-        y = x.clone()
         result = {}
-
-        def nccl() -> None:
-            y.copy_(x)
-            dist.all_reduce(y)
-
-        def one_shot() -> None:
-            torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf[:rows], x, "sum", group_name, out) \
-                if hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out") else \
-                out.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(buf[:rows], x, "sum", group_name))
-
-        def two_shot() -> None:
-            buf[:rows].copy_(x)
-            torch.ops.symm_mem.two_shot_all_reduce_(buf[:rows], "sum", group_name)
-
-        cases = [("nccl", nccl, lambda: y, want), ("one_shot", one_shot, lambda: out, want),
-                 ("two_shot", two_shot, lambda: buf[:rows], want)] if args.plain else []
+        cases = _plain_cases(x, rows, buf, group_name, want) if args.plain else []
         if sym is not None:
             cases += _norm_cases(sym, x, rows, args.hidden, group_name, buf, want)
             if args.gemm_k and rows <= 16:
