@@ -21,6 +21,8 @@ import argparse
 
 import torch
 
+from pdl_probe import time_us  # a sibling script: benchmarks/ is on sys.path when run as a script
+
 from tritongen.ops import reference
 from tritongen.ops.triton_allreduce import SLOTS, allreduce_add_rms_norm
 from tritongen.ops.triton_lamport import fill_sentinel, inbox_elements, lamport_add_rms_norm
@@ -81,37 +83,18 @@ def _rank_calls(rows: int, h: int, lamport: bool, dev: torch.device):
 def _time(call, reps: int, dev: torch.device, eager: bool = False) -> float:
     streams = [torch.cuda.Stream(dev), torch.cuda.Stream(dev)]
 
-    def both(n: int) -> None:
+    def both() -> None:  # `reps` calls per rank, each rank on its stream
         main = torch.cuda.current_stream(dev)  # the capture stream while capturing
         for s in streams:
             s.wait_stream(main)
         for rank, s in enumerate(streams):
             with torch.cuda.stream(s):
-                for _ in range(n):
+                for _ in range(reps):
                     call(rank)
         for s in streams:
             main.wait_stream(s)
 
-    both(3)  # eagerly first
-    torch.cuda.synchronize(dev)
-    if eager:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        both(reps)
-        end.record()
-        torch.cuda.synchronize(dev)
-        return start.elapsed_time(end) * 1000 / reps
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        both(reps)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize(dev)
-    return start.elapsed_time(end) * 1000 / (3 * reps)
+    return time_us(both, 3, graph=not eager) / reps  # pdl_probe's timer: one CUDA graph of both() unless eager
 
 
 def main() -> None:
