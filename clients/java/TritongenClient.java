@@ -9,7 +9,8 @@
 // triton-stream:   POST /v2/models/llm/generate_stream, prints each server-sent text as it arrives.
 // openai-chat:     POST /v1/chat/completions of the OpenAI-compatible server (SSE with --stream).
 // Options: --model NAME (Triton model, or the OpenAI model; default llm_bls / llm / first listed),
-// --max-tokens N (32), --temperature T (0 = greedy), --api-key KEY (OpenAI server only).
+// --prompt TEXT (Triton: "The capital of France is", continued as raw text; OpenAI chat: "What is the
+// capital of France?"), --max-tokens N (32), --temperature T (0 = greedy), --api-key KEY (OpenAI only).
 // Exit status: 0 on success, 1 on an HTTP or server error (the message goes to stderr), 2 on bad usage.
 
 import java.io.BufferedReader;
@@ -28,7 +29,12 @@ import java.util.List;
 import java.util.Map;
 
 public final class TritongenClient {
-    private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(10)).build();
+    // HTTP/1.1: the JDK's default (HTTP_2) sends "Upgrade: h2c" on every plain-http request, which
+    // uvicorn answers with "Unsupported upgrade request" warnings and Triton ignores anyway.
+    private final HttpClient http = HttpClient.newBuilder()
+            .version(HttpClient.Version.HTTP_1_1)
+            .connectTimeout(Duration.ofSeconds(10))
+            .build();
     private final String baseUrl;
     private final String apiKey;
 
@@ -374,7 +380,9 @@ public final class TritongenClient {
         String command = args[0];
         boolean openai = command.equals("openai-chat");
         String url = opts.getOrDefault("url", openai ? "http://127.0.0.1:9000" : "http://127.0.0.1:8000");
-        String prompt = opts.getOrDefault("prompt", "What is the capital of France?");
+        // The Triton models continue the raw text (no chat template), so their default prompt is one
+        // an instruct model continues; the OpenAI chat route applies the template to a question.
+        String prompt = opts.getOrDefault("prompt", openai ? "What is the capital of France?" : "The capital of France is");
         int maxTokens = Integer.parseInt(opts.getOrDefault("max-tokens", "32"));
         double temperature = Double.parseDouble(opts.getOrDefault("temperature", "0"));
         TritongenClient client = new TritongenClient(url, opts.get("api-key"));

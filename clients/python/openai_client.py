@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from openai import OpenAI
+try:
+    from openai import OpenAI
+except ImportError:  # one line, not a traceback
+    sys.exit("the openai package is missing: pip install openai (or tritongen's extra: pip install -e '.[clients]')")
 
 
 def main(argv: list[str] | None = None) -> int:

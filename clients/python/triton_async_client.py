@@ -5,7 +5,8 @@
 
 `llm_bls` (non-decoupled) is asked with unary ModelInfer; `llm` (decoupled) needs a gRPC stream,
 so each request gets its own stream, closed by the server after the request's last response.
-Prints each request's latency, then the wall time and requests/s.
+Prints each request's latency and text, then the wall time and requests/s. The text goes to the
+model as it is (no chat template): give it a prompt to continue.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import json
 import sys
 import time
 
-import numpy as np
-import tritonclient.grpc.aio as aioclient
-from tritonclient.utils import InferenceServerException
+try:
+    import numpy as np
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+except ImportError as exc:  # one line, not a traceback
+    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[grpc]' (or tritongen's extra: pip install -e '.[clients]')")
 
 
 def make_inputs(prompt: str, sampling: dict) -> list:
@@ -81,12 +85,12 @@ async def run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    p.add_argument("prompt", nargs="?", default="The capital of France is")
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC endpoint host:port")
     p.add_argument("--model", default="llm_bls", help="llm_bls (unary) or llm (one stream per request)")
     p.add_argument("--stream", action="store_true", help="use a gRPC stream per request for another decoupled model")
     p.add_argument("-n", "--num-requests", type=int, default=8, help="all sent at once")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     args = p.parse_args(argv)

@@ -2,11 +2,12 @@
 """One synchronous generation from tritongen's non-decoupled `llm_bls` model over HTTP
 (pip install tritonclient[http]).
 
-    python clients/python/triton_http_client.py --url 127.0.0.1:8000 --max-tokens 32 "What is the capital of France?"
+    python clients/python/triton_http_client.py --url 127.0.0.1:8000 --max-tokens 16 "The capital of France is"
 
 Asks twice, the two ways a plain HTTP client can: POST /v2/models/llm_bls/generate (JSON in,
 JSON out) and POST /v2/models/llm_bls/infer (KServe v2 tensors, through tritonclient.http).
-Prints each answer.
+Prints each answer. The text goes to the model as it is (no chat template): give it a prompt to
+continue.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ import time
 import urllib.error
 import urllib.request
 
-import numpy as np
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+try:
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+except ImportError as exc:  # one line, not a traceback
+    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[http]' (or tritongen's extra: pip install -e '.[clients]')")
 
 
 def via_generate(url: str, model: str, prompt: str, sampling: dict, timeout: float) -> str:
@@ -54,7 +58,7 @@ def via_infer(url: str, model: str, prompt: str, sampling: dict, timeout: float)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    p.add_argument("prompt", nargs="?", default="The capital of France is")
     p.add_argument("--url", default="127.0.0.1:8000", help="Triton HTTP endpoint host:port")
     p.add_argument("--model", default="llm_bls", help="a non-decoupled model")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -72,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: error: {exc}", file=sys.stderr)
             return 1
         print(f"{label} ({(time.perf_counter() - start) * 1000:.1f} ms): {answer}")
+        if not answer:
+            print(f"{label}: no text generated (the model ended at once); the prompt is sent without a chat "
+                  "template: try one to continue, e.g. \"The capital of France is\"", file=sys.stderr)
     return 0
 
 

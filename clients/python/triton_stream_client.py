@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Stream one generation from tritongen's decoupled `llm` model over gRPC (pip install tritonclient[grpc]).
 
-    python clients/python/triton_stream_client.py --url 127.0.0.1:8001 --max-tokens 32 "What is the capital of France?"
+    python clients/python/triton_stream_client.py --url 127.0.0.1:8001 --max-tokens 16 "The capital of France is"
 
 Sends text_input + stream=true + sampling_parameters (JSON, vllm_backend layout), prints the text
-as it arrives, then the time to first token (TTFT) and the total time.
+as it arrives, then the time to first token (TTFT) and the total time. The text goes to the model
+as it is (no chat template), so give it a prompt to continue: an instruct model asked a bare question
+("What is the capital of France?") may end at once with no text, and then no TTFT is printed.
 """
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ import queue
 import sys
 import time
 
-import numpy as np
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
+try:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+except ImportError as exc:  # one line, not a traceback
+    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[grpc]' (or tritongen's extra: pip install -e '.[clients]')")
 
 
 def make_inputs(prompt: str, sampling: dict) -> list:
@@ -31,8 +36,9 @@ def make_inputs(prompt: str, sampling: dict) -> list:
     return inputs
 
 
-def stream(url: str, model: str, prompt: str, sampling: dict, timeout: float) -> tuple[float, float, int]:
-    """Print the deltas of one streamed request; return (TTFT s, total s, number of text responses)."""
+def stream(url: str, model: str, prompt: str, sampling: dict, timeout: float) -> tuple[float | None, float, int]:
+    """Print the deltas of one streamed request; return (TTFT s, total s, number of text responses).
+    TTFT is None when no text came: a time to first token needs a token."""
     responses: "queue.Queue" = queue.Queue()
 
     def callback(result, error):  # tritonclient calls it by these exact parameter names
@@ -59,7 +65,7 @@ def stream(url: str, model: str, prompt: str, sampling: dict, timeout: float) ->
             if response.parameters["triton_final_response"].bool_param:
                 break
         total = time.perf_counter() - start
-        return (ttft if ttft is not None else total), total, count
+        return ttft, total, count
     finally:
         client.stop_stream()
         client.close()
@@ -67,7 +73,7 @@ def stream(url: str, model: str, prompt: str, sampling: dict, timeout: float) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompt", nargs="?", default="What is the capital of France?")
+    p.add_argument("prompt", nargs="?", default="The capital of France is")
     p.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC endpoint host:port")
     p.add_argument("--model", default="llm", help="the decoupled engine model")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -82,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     except (InferenceServerException, queue.Empty) as exc:
         print(f"\nerror: {exc or 'no response within --timeout'}", file=sys.stderr)
         return 1
+    if ttft is None:
+        print(f"\nno text generated (the model ended at once); total: {total * 1000:.1f} ms")
+        print("hint: the prompt is sent without a chat template: try one to continue, e.g. "
+              "\"The capital of France is\"", file=sys.stderr)
+        return 0
     print(f"\nTTFT: {ttft * 1000:.1f} ms")
     print(f"total: {total * 1000:.1f} ms, {count} text responses")
     return 0
