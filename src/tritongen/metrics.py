@@ -86,6 +86,12 @@ class RequestTimer:
         sink.increment("tritongen_request_success_total", 1, {"finish_reason": out.finish_reason or "abort"})
 
 
+    def on_end(self, finish_reason: str, sink: MetricsSink) -> None:
+        """The request ended without a finished output (the client cancelled: "abort"; it failed:
+        "error"): counted by its finish reason so that every request is counted once."""
+        sink.increment("tritongen_request_success_total", 1, {"finish_reason": finish_reason})
+
+
 def update_engine_gauges(stats: dict, sink: MetricsSink, seen: Optional[dict[str, float]] = None) -> None:
     """Gauges from AsyncLLM.stats() / LLM.stats(), and the engine's counters advanced by what they
     grew since the last call (`seen` holds the values already counted; one dict per sink)."""

@@ -10,8 +10,10 @@ through BLS `exec(decoupled=True)`.
   the engine model, and adds the batch dimension back.
 
 BLS calls block, so each runs in a worker thread. When the outer request is cancelled, the
-inner one is cancelled by a control request naming it (abort_request_id): python_backend 24.10
-cannot cancel a BLS request otherwise.
+inner one is cancelled by a control request naming it (abort_request_id, with the engine model's
+secret token: triton/control.py): python_backend 24.10 cannot cancel a BLS request otherwise.
+When the engine model's stub process dies, python_backend never answers the inner requests: the
+watcher sees the process gone and ends every request in flight with UNAVAILABLE at once.
 """
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ import os
 
 import numpy as np
 
-from tritongen.triton import codec
+from tritongen.triton import codec, control
 from tritongen.triton.loop import LoopThread
 
 logger = logging.getLogger(__name__)
 
 _MAX_IN_FLIGHT = 1024  # worker threads, each blocked on one inner request
 _WATCH_INTERVAL_S = 0.05
+_ENGINE_CHECK_S = 0.5  # how often the engine model's process is checked while requests are in flight
 
 
 class TritonPythonModel:
@@ -48,6 +51,7 @@ class TritonPythonModel:
         self._prefix = f"{args['model_name']}-{os.getpid()}-"
         self._ids = itertools.count()
         self._active: dict[str, tuple[object, asyncio.Task]] = {}
+        self._unavailable: set[str] = set()  # requests ended because the engine model's stub died
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
 
@@ -66,20 +70,31 @@ class TritonPythonModel:
         loop = asyncio.get_running_loop()
         try:
             inner = self._inner_request(request, request_id)
-        except codec.InvalidInput as exc:
-            await loop.run_in_executor(self.pool, self._final, sender, codec.error_response(self.pb, str(exc)))
+        except Exception as exc:
+            if isinstance(exc, codec.InvalidInput):
+                response = codec.error_response(self.pb, str(exc))
+            else:
+                logger.exception("reading a request failed")
+                response = codec.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL")
+            await loop.run_in_executor(self.pool, self._final, sender, response)
             return
         self._active[request_id] = (sender, asyncio.current_task())
         job = loop.run_in_executor(self.pool, self._forward, inner, sender)
         try:
             response = await asyncio.shield(job)
         except asyncio.CancelledError:
-            await loop.run_in_executor(self.pool, self._abort_inner, request_id)
-            await asyncio.gather(job, return_exceptions=True)  # the inner request ends CANCELLED
-            response = codec.error_response(self.pb, "request cancelled", "CANCELLED")
+            if request_id in self._unavailable:  # nobody will answer the inner request: don't wait
+                self._unavailable.discard(request_id)
+                response = codec.error_response(self.pb, f"model '{self.target}' stopped while serving this "
+                                                "request (its process died); retry later", "UNAVAILABLE")
+            else:
+                await loop.run_in_executor(self.pool, self._abort_inner, request_id)
+                await asyncio.gather(job, return_exceptions=True)  # the inner request ends CANCELLED
+                response = codec.error_response(self.pb, "request cancelled", "CANCELLED")
         except Exception as exc:
             logger.exception("forwarding to %s failed", self.target)
-            response = codec.error_response(self.pb, f"forwarding to {self.target} failed: {exc}", "INTERNAL")
+            response = codec.error_response(self.pb, f"forwarding to {self.target} failed: {exc}",
+                                            codec.forward_error_code(str(exc)))
         finally:
             self._active.pop(request_id, None)  # before the FINAL: the watcher must not poll it after
         await loop.run_in_executor(self.pool, self._final, sender, response)  # a blocking round trip
@@ -109,7 +124,10 @@ class TritonPythonModel:
         last = None
         for response in inner.exec(decoupled=True):
             if response.has_error():
-                code, message = codec.untag_error(response.error().message())
+                raw = response.error().message()
+                code, message = codec.untag_error(raw)
+                if message == raw:  # not from the engine model: Triton's own (model not ready, ...)
+                    code = codec.forward_error_code(message)
                 return codec.error_response(self.pb, message, code)
             if not response.output_tensors():
                 continue
@@ -128,26 +146,39 @@ class TritonPythonModel:
 
     def _abort_inner(self, request_id: str) -> None:
         pb = self.pb
-        control = pb.InferenceRequest(
+        token = control.read_token(self.target)
+        if token is None:
+            return  # the engine model is not loaded: nothing to abort
+        abort = pb.InferenceRequest(
             model_name=self.target, requested_output_names=[],
-            inputs=[pb.Tensor("abort_request_id", np.array([request_id.encode()], dtype=np.object_))])
-        for _ in control.exec(decoupled=True):
+            inputs=[pb.Tensor("abort_request_id", np.array([request_id.encode()], dtype=np.object_))],
+            parameters={control.TOKEN_PARAMETER: token})
+        for _ in abort.exec(decoupled=True):
             pass
 
     def _final(self, sender, response) -> None:
         codec.send_final(sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     async def _watch(self) -> None:
-        while True:
+        ticks_per_check = max(1, round(_ENGINE_CHECK_S / _WATCH_INTERVAL_S))
+        for tick in itertools.count():
             await asyncio.sleep(_WATCH_INTERVAL_S)
+            engine_gone = tick % ticks_per_check == 0 and bool(self._active) and not self._engine_alive()
             for request_id, (sender, task) in list(self._active.items()):
                 try:
                     cancelled = sender.is_cancelled()
                 except Exception:
                     cancelled = False
-                if cancelled:
+                if cancelled or engine_gone:
                     del self._active[request_id]
+                    if engine_gone and not cancelled:
+                        self._unavailable.add(request_id)
                     task.cancel()
+
+    def _engine_alive(self) -> bool:
+        """False when the engine model's stub process has died (the supervisor reloads it)."""
+        pid = control.engine_pid(self.target)
+        return pid is None or control.process_alive(pid)
 
 
 def _parameters(request) -> dict:
@@ -157,4 +188,4 @@ def _parameters(request) -> dict:
         params = json.loads(raw) if isinstance(raw, str) else dict(raw or {})
     except json.JSONDecodeError:
         return {}
-    return {k: v for k, v in params.items() if not k.startswith("triton_")}
+    return {k: v for k, v in params.items() if not k.startswith(("triton_", "tritongen_"))}

@@ -178,7 +178,10 @@ def _convert(value: Any, kind: type, name: str) -> Any:
                 raise ValueError
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
-            return int(value.strip()) if isinstance(value, str) else int(value)
+            result = int(value.strip()) if isinstance(value, str) else int(value)
+            if _INT_MIN <= result <= _INT_MAX:
+                return result
+            raise ValueError
         if kind is float:
             if isinstance(value, bool):
                 raise ValueError
@@ -192,10 +195,13 @@ def _convert(value: Any, kind: type, name: str) -> Any:
             return value
     except (TypeError, ValueError, OverflowError):
         pass
-    raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]}, got {value!r}")
+    raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]}, got {_short(value)}")
 
 
-_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
+_KIND_NAMES = {bool: "a boolean", int: "an integer in [-2**63, 2**64 - 1]", float: "a finite number",
+               str: "a string"}
+_TENSOR_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what an INT64 or UINT64 tensor can hold
 
 
 def _decode(raw: bytes, name: str) -> str:
@@ -212,7 +218,7 @@ def _scalar(request, pb, name: str, kind: type) -> Any:
     if flat.size > 1:
         raise InvalidInput(f"input '{name}' must hold one value, got {flat.size} (batch size must be 1)")
     if kind is not str and flat.dtype == np.object_:
-        raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]} tensor, got BYTES")
+        raise InvalidInput(f"input '{name}' must be {_TENSOR_KINDS[kind]} tensor, got BYTES")
     return _convert(flat[0], kind, name)
 
 
@@ -252,16 +258,62 @@ def _prompt(request, pb) -> tuple[Union[str, list[int]], bool]:
     return text, False
 
 
+MAX_JSON_CHARS = 65536
+"""Longest sampling_parameters / request parameters text: the largest legitimate one (stop strings
+included) is a few kilobytes, and json.loads of megabytes would hold the request's thread."""
+MAX_JSON_DEPTH = 8
+"""Deepest nesting accepted in those JSON objects (the vllm layout needs 2: an object of lists)."""
+
+
 def _json_object(raw: Optional[str], name: str) -> dict:
     if raw is None or not raw.strip():
         return {}
+    if len(raw) > MAX_JSON_CHARS:
+        raise InvalidInput(f"input '{name}' is {len(raw)} characters long; at most {MAX_JSON_CHARS} are accepted")
+    if _json_depth(raw) > MAX_JSON_DEPTH:
+        raise InvalidInput(f"input '{name}' nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"input '{name}' is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        raise InvalidInput(f"input '{name}' holds a value that cannot be read: {_short(str(exc), plain=True)}") from None
     if not isinstance(obj, dict):
         raise InvalidInput(f"input '{name}' must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _json_depth(raw: str) -> int:
+    """Deepest bracket nesting of a JSON text, brackets inside strings skipped; linear time,
+    no recursion (json.loads itself recurses once per level)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _short(value: Any, limit: int = 80, plain: bool = False) -> str:
+    """repr of a client's value (the string itself when `plain`) for an error message, cut to
+    `limit` characters: a message must stay readable whatever the client sent."""
+    try:
+        text = value if plain and isinstance(value, str) else repr(value)
+    except (RecursionError, ValueError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _json_list(value: Any, kind: type, name: str) -> list:
@@ -271,7 +323,7 @@ def _json_list(value: Any, kind: type, name: str) -> list:
             try:
                 value = json.loads(stripped)
             except json.JSONDecodeError:
-                raise InvalidInput(f"'{name}' must be a list, got {value!r}") from None
+                raise InvalidInput(f"'{name}' must be a list, got {_short(value)}") from None
         else:
             value = [value]  # a single stop string
     if not isinstance(value, list):
@@ -283,7 +335,7 @@ def _apply_json(fields: dict, obj: dict, source: str, strict: bool) -> dict:
     """Copy sampling keys of `obj` into `fields`; return the request-level keys found."""
     extra = {}
     for key, value in obj.items():
-        where = f"{source}.{key}"
+        where = f"{source}.{_short(key, 64, plain=True)}"
         if key in _JSON_PARAMS:
             kind = _JSON_PARAMS[key]
             if value is None:
@@ -295,11 +347,12 @@ def _apply_json(fields: dict, obj: dict, source: str, strict: bool) -> dict:
         elif key in _JSON_FIXED:
             expected = _JSON_FIXED[key]
             if _convert(value, type(expected), where) != expected:
-                raise InvalidInput(f"'{where}' must be {expected!r} (not supported otherwise), got {value!r}")
+                raise InvalidInput(f"'{where}' must be {expected!r} (not supported otherwise), got {_short(value)}")
         elif key in _JSON_REQUEST_KEYS:
             extra[key] = _convert(value, bool, where)
         elif strict:
-            raise InvalidInput(f"unknown sampling parameter '{where}'; known: {', '.join(sorted(_JSON_PARAMS))}")
+            raise InvalidInput(f"unknown sampling parameter '{source}.{_short(key, 64, plain=True)}'; known: "
+                               f"{', '.join(sorted(_JSON_PARAMS))}")
     return extra
 
 
@@ -313,6 +366,14 @@ def _request_parameters(request) -> dict:
     return {k: v for k, v in obj.items() if not k.startswith("triton_")}
 
 
+def request_parameter(request, name: str) -> Any:
+    """One request parameter (None when absent or the parameters cannot be read)."""
+    try:
+        return _request_parameters(request).get(name)
+    except InvalidInput:
+        return None
+
+
 def _flag(request, pb, name: str, json_extra: dict, default: bool = False) -> bool:
     value = _scalar(request, pb, name, bool)
     if value is None:
@@ -321,7 +382,19 @@ def _flag(request, pb, name: str, json_extra: dict, default: bool = False) -> bo
 
 
 def parse_request(request, pb) -> ParsedRequest:
-    """Read every supported input of `request`; raise InvalidInput naming the first bad one."""
+    """Read every supported input of `request`; raise InvalidInput naming the first bad one.
+    Whatever a client sends ends here as a ParsedRequest or an InvalidInput: a value that slips past
+    the checks above and makes Python itself fail (a type, an overflow) is still the client's data."""
+    try:
+        return _parse(request, pb)
+    except InvalidInput:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError, UnicodeError) as exc:
+        raise InvalidInput(f"the request's inputs could not be read: {type(exc).__name__}: "
+                           f"{_short(str(exc), 200, plain=True)}") from None
+
+
+def _parse(request, pb) -> ParsedRequest:
     prompt, token_mode = _prompt(request, pb)
     fields: dict[str, Any] = {}
     extra = _apply_json(fields, _request_parameters(request), "parameters", strict=False)
@@ -474,6 +547,18 @@ def untag_error(message: str) -> tuple[str, str]:
         if message.startswith(f"[{code}] "):
             return code, message[len(code) + 3:]
     return "INTERNAL", message
+
+
+_UNAVAILABLE_HINTS = ("is not ready", "unknown model", "not found", "is not healthy", "unavailable",
+                      "shutting down")
+
+
+def forward_error_code(message: str) -> str:
+    """The code a forwarding model answers with for an error that Triton, not the engine model,
+    gave its inner request: UNAVAILABLE when the model is not there (not loaded, being reloaded,
+    its stub dead) — a server fault, never the client's —, else INTERNAL."""
+    lowered = message.lower()
+    return "UNAVAILABLE" if any(hint in lowered for hint in _UNAVAILABLE_HINTS) else "INTERNAL"
 
 
 def error_code_for(exc: BaseException) -> str:

@@ -21,8 +21,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from tritongen.config import EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
-from tritongen.triton import codec
+from tritongen.triton import codec, control
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.repo import parameter_value
@@ -57,7 +58,13 @@ class TritonPythonModel:
                                                 "(model_transaction_policy { decoupled: true })")
         self.batch_dim = config.get("max_batch_size", 0) > 0
         self.stream_interval = stream_interval(config.get("parameters", {}))
-        self.engine = AsyncLLM(**engine_kwargs_from_config(config.get("parameters", {})))
+        self.max_queue = max_queue(config.get("parameters", {}))
+        kwargs = engine_kwargs_from_config(config.get("parameters", {}))
+        self.max_num_seqs = kwargs.get("max_num_seqs") or EngineConfig.from_kwargs(**kwargs).scheduler.max_num_seqs
+        self.engine = AsyncLLM(**kwargs)
+        self._closing = False
+        self._control_token = control.publish_token(args["model_name"])
+        self._model_name = args["model_name"]
         self.metrics = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
@@ -72,9 +79,11 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
+        self._closing = True  # in-flight requests end UNAVAILABLE ("shutting down"), not CANCELLED
         self.loop.stop()  # cancels in-flight requests: each aborts its engine request and ends FINAL
-        self._senders.shutdown(wait=True)
+        self._senders.shutdown(wait=False, cancel_futures=True)
         self.engine.shutdown()
+        control.remove_token(self._model_name)
 
     # -- one request --------------------------------------------------------------------------
 
@@ -82,41 +91,75 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         tag = codec.wants_tagged_errors(request)
         try:
-            target = codec.abort_target(request, self.pb)
-            parsed = None if target is not None else codec.parse_request(request, self.pb)
+            parsed = self._admit(request)
         except codec.InvalidInput as exc:
             await self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
             return
-        if target is not None:
-            await self._abort_by_client_id(target)
+        except _Rejected as exc:
+            await self._final(sender, codec.error_response(self.pb, str(exc), "UNAVAILABLE", tag))
+            return
+        except Exception as exc:  # a bug of ours: the request still ends, with the cause
+            logger.exception("reading a request failed")
+            await self._final(sender, codec.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL", tag))
+            return
+        if isinstance(parsed, str):
+            await self._abort_by_client_id(parsed)
             await self._final(sender, self.pb.InferenceResponse(output_tensors=[]))
             return
         client_id = request.request_id()
         request_id = f"{client_id or 'triton'}-{next(self._ids)}"
         self._active[request_id] = _Active(sender, asyncio.current_task(), client_id)
+        timer = RequestTimer()
         try:
-            await self._generate(request_id, parsed, sender)
+            await self._generate(request_id, parsed, sender, timer)
         except asyncio.CancelledError:
             await self.engine.abort(request_id)  # blocks are free when this returns
-            self._update_gauges()
-            await self._final(sender, codec.error_response(self.pb, "request cancelled", "CANCELLED", tag), request_id)
+            if self._closing:  # no metric updates: each is a round trip to a server that is unloading us
+                response = codec.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
+            else:
+                timer.on_end("abort", self.metrics)
+                self._update_gauges()
+                response = codec.error_response(self.pb, "request cancelled", "CANCELLED", tag)
+            await self._final(sender, response, request_id)
         except Exception as exc:
             code = codec.error_code_for(exc)
             if code == "INTERNAL":
                 logger.exception("request %s failed", request_id)
+            if code != "INVALID_ARG" and not self._closing:
+                timer.on_end("error", self.metrics)
             await self._final(sender, codec.error_response(self.pb, str(exc), code, tag), request_id)
         finally:
             self._active.pop(request_id, None)
 
-    async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender) -> None:
-        timer = RequestTimer()
+    def _admit(self, request):
+        """The request's ParsedRequest, or the client id a valid control request names. Raises
+        InvalidInput (bad input, a control request without the token) or _Rejected (engine down,
+        queue full)."""
+        target = codec.abort_target(request, self.pb)
+        if target is not None:
+            if not control.is_valid(codec.request_parameter(request, control.TOKEN_PARAMETER), self._control_token):
+                raise codec.InvalidInput("input 'abort_request_id' is reserved for tritongen's forwarding models")
+            return target
+        parsed = codec.parse_request(request, self.pb)
+        if self._closing:
+            raise _Rejected("the server is shutting down")
+        if not self.engine.is_running:
+            raise _Rejected("the engine is not running (restarting); retry later")
+        if self.max_queue and len(self._active) >= self.max_num_seqs + self.max_queue:
+            raise _Rejected(f"the queue is full ({len(self._active)} requests in flight, max_queue "
+                            f"{self.max_queue} beyond max_num_seqs {self.max_num_seqs}); retry later")
+        return parsed
+
+    async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender,
+                        timer: Optional[RequestTimer] = None) -> None:
+        timer = timer or RequestTimer()
         decode = self._decode if parsed.outputs.logprobs else None
         wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
         unsent: Optional[RequestOutput] = None  # streamed deltas held until stream_interval tokens
         async for out in self.engine.generate(parsed.prompt, parsed.params, request_id):
+            if out.error:  # counted as an error by the caller, not as a finished request
+                raise EngineRequestError(f"engine error: {out.error}")
             timer.on_output(out, self.metrics)
-            if out.error:
-                raise RuntimeError(f"engine error: {out.error}")
             if parsed.stream and unsent is not None:
                 out = merge_outputs(unsent, out)
                 unsent = None
@@ -136,7 +179,8 @@ class TritonPythonModel:
 
     async def _abort_by_client_id(self, client_id: str) -> None:
         """Control request from a forwarding model (llm_bls) whose own client cancelled: BLS in
-        python_backend 24.10 has no way to cancel an inner request, so it names it here."""
+        python_backend 24.10 has no way to cancel an inner request, so it names it here (with the
+        token of triton/control.py: no client can send one)."""
         for request_id, active in list(self._active.items()):
             if client_id and active.client_id == client_id:
                 del self._active[request_id]
@@ -185,6 +229,30 @@ class TritonPythonModel:
             update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
+
+
+class _Rejected(Exception):
+    """The request is refused before it reaches the engine (UNAVAILABLE: retry later)."""
+
+
+class EngineRequestError(RuntimeError):
+    """The engine ended this request with an error of its own (INTERNAL); other requests go on."""
+
+
+DEFAULT_MAX_QUEUE = 4096
+
+
+def max_queue(parameters: dict) -> int:
+    """Requests allowed to wait beyond max_num_seqs running (model parameter `max_queue`; 0 = no
+    bound). More are refused at once with UNAVAILABLE instead of queueing without limit."""
+    raw = parameter_value(parameters["max_queue"]) if "max_queue" in parameters else ""
+    try:
+        value = int(raw or DEFAULT_MAX_QUEUE)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"max_queue must be a non-negative integer, got {raw!r}")
+    return value
 
 
 STREAM_INTERVAL_ENV = "TRITONGEN_STREAM_INTERVAL"
