@@ -1,7 +1,23 @@
-"""`tritongen repo`: write a Triton model repository (registered by cli.py)."""
+"""`tritongen repo` (registered by cli.py) and `tritongen serve --frontend triton`: check what can be
+checked before anything starts, then run tritonserver under a supervisor that brings a dead engine
+model back without an operator."""
 from __future__ import annotations
 
 import argparse
+import collections
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from tritongen.triton.launcher import CPU_NOTE, TritonServer
+
+DEFAULT_MAX_QUEUE = 4096
 
 
 def register(subparsers) -> None:
@@ -13,6 +29,9 @@ def register(subparsers) -> None:
                    help="default: llm + llm_bls; ensemble: also preprocessing -> llm -> postprocessing")
     p.add_argument("--name", default="llm", help="name of the decoupled engine model (the BLS front is <name>_bls)")
     p.add_argument("--version", type=int, default=1, help="version folder to write")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help="requests the engine model lets wait beyond max_num_seqs; more get UNAVAILABLE at once "
+                        "(model parameter max_queue; 0 = unbounded)")
     add_engine_args(p)
     p.set_defaults(func=cmd_repo)
 
@@ -21,7 +40,209 @@ def cmd_repo(args: argparse.Namespace) -> int:
     from tritongen.cli import engine_kwargs
     from tritongen.triton.repo import write_repository
 
-    root = write_repository(args.out, engine_kwargs(args), layout=args.layout, name=args.name, version=args.version)
+    root = write_repository(args.out, engine_kwargs(args), layout=args.layout, name=args.name, version=args.version,
+                            max_queue=args.max_queue)
     models = sorted(p.name for p in root.iterdir() if (p / "config.pbtxt").is_file())
     print(f"wrote {root}: {', '.join(models)}")
     return 0
+
+
+# -- checks before anything starts ------------------------------------------------------------
+
+
+class ServeError(RuntimeError):
+    """`tritongen serve` cannot go on; the message is the one line the user sees."""
+
+
+def check_model(model: Optional[str]) -> None:
+    """`--model` names something we can load: None (the default model), dummy:<known preset>, or
+    an HF directory with config.json. Checked before tritonserver starts, not 10 s into its load."""
+    if model is None:
+        return
+    from tritongen.models.presets import PRESETS
+
+    if model.startswith("dummy:"):
+        if model[len("dummy:"):] not in PRESETS:
+            raise ServeError(f"unknown dummy preset {model!r}; available: {', '.join('dummy:' + p for p in PRESETS)}")
+        return
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ServeError(f"--model {model!r}: no such directory (pass an HF model directory with config.json, "
+                         f"or dummy:<preset> with one of: {', '.join(PRESETS)})")
+    if not (path / "config.json").is_file():
+        raise ServeError(f"--model {model!r}: the directory has no config.json (not an HF model directory)")
+
+
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Each port is free on `host` and they differ ({flag: port}); one line names the culprit."""
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port in seen:
+            raise ServeError(f"{flag} and {seen[port]} are both {port}; give each its own port")
+        seen[port] = flag
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                raise ServeError(f"port {port} ({flag}) on {host} is not free ({exc.strerror}); "
+                                 f"stop what holds it or choose another with {flag}") from None
+
+
+# -- supervision -----------------------------------------------------------------------------
+
+
+@dataclass
+class Supervisor:
+    """Runs tritonserver and keeps `model` serving.
+
+    When the engine model's stub process dies (kill -9, OOM killer, or the model's own exit when its
+    engine cannot be restarted), python_backend 24.10 neither restarts it nor ends its in-flight
+    requests: their response factories live on in the server, gRPC and SSE streams hang forever,
+    readiness stays green, and an unload never completes (measured, see docs/reliability.md). The
+    only way to end those requests is to end the server process, so the supervisor restarts
+    tritonserver: clients in flight see their connection close at once (gRPC: UNAVAILABLE), the
+    ports refuse connections (not ready) until the new server is ready, and nothing is leaked."""
+
+    make_server: Callable[[], TritonServer]
+    model: str
+    stop: threading.Event
+    log: Callable[[str], None] = lambda msg: print(f"tritongen: {msg}", file=sys.stderr, flush=True)
+    poll_s: float = 0.5
+    grace_s: float = 1.0
+    """After a death is seen: time for llm_bls to answer its own requests UNAVAILABLE before the server goes."""
+    max_restarts: int = 5
+    window_s: float = 600.0
+    """More than max_restarts within window_s: give up (exit 1) and leave it to the orchestrator."""
+    server: Optional[TritonServer] = None
+    restarts: collections.deque = field(default_factory=collections.deque)
+
+    def run(self, on_ready: Callable[[TritonServer, bool], None]) -> int:
+        first = True
+        try:
+            while not self.stop.is_set():
+                self.server = self.make_server().start()
+                began = time.monotonic()
+                ready = self._wait_ready(first)
+                if self.stop.is_set():
+                    return 0
+                if ready:
+                    on_ready(self.server, first)
+                    if not first:
+                        self.log(f"back in service ({time.monotonic() - began:.1f} s after the restart)")
+                    first = False
+                    reason = self._watch()
+                else:
+                    reason = f"tritonserver exited with code {self.server.process.returncode} before it was ready"
+                if reason is None:
+                    return 0
+                if not self._may_restart(reason):
+                    return 1
+                time.sleep(self.grace_s)
+                self.server.stop(kill=True)
+            return 0
+        finally:
+            if self.server is not None:
+                self.log("stopping tritonserver…")
+                self.server.stop()
+
+    def _wait_ready(self, first: bool) -> bool:
+        while not self.stop.is_set():
+            if self.server.process.poll() is not None:
+                if first:
+                    raise ServeError(f"tritonserver exited with code {self.server.process.returncode} "
+                                     "before it was ready (its log is above)")
+                return False
+            if self.server.is_ready():
+                return True
+            self.stop.wait(0.25)
+        return False
+
+    def _watch(self) -> Optional[str]:
+        """Poll until a stop (None) or a death (its description)."""
+        seen: Optional[int] = None
+        misses = 0
+        while not self.stop.wait(self.poll_s):
+            if self.server.process.poll() is not None:
+                return f"tritonserver exited with code {self.server.process.returncode}"
+            live = [s.pid for s in self.server.poll_stubs() if s.model == self.model and not s.zombie]
+            if live:
+                seen, misses = live[0], 0
+                continue
+            misses += 1
+            # Two polls in a row, and Triton still calls the model ready: not an unload or reload
+            # through the repository API (those take the model out of READY before the stub goes).
+            if seen is not None and misses >= 2 and self.server.is_ready(self.model):
+                return f"the stub process of model {self.model!r} (pid {seen}) died"
+        return None
+
+    def _may_restart(self, reason: str) -> bool:
+        now = time.monotonic()
+        self.restarts.append(now)
+        while self.restarts and self.restarts[0] < now - self.window_s:
+            self.restarts.popleft()
+        if len(self.restarts) > self.max_restarts:
+            self.log(f"{reason}; {len(self.restarts)} restarts within {self.window_s:.0f} s: giving up")
+            return False
+        self.log(f"{reason}; restarting tritonserver (requests in flight end now: python_backend cannot end them)")
+        return True
+
+
+def serve_triton(args) -> int:
+    """`tritongen serve --frontend triton`: checks, repository, supervised tritonserver until a signal."""
+    host = getattr(args, "host", "127.0.0.1")
+    try:
+        check_model(args.model)
+        check_ports(host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                           "--metrics-port": args.metrics_port})
+        return _serve_checked(args, host)
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _serve_checked(args, host: str) -> int:
+    from tritongen.cli import engine_kwargs
+    from tritongen.fetch import resolve_model
+    from tritongen.triton.repo import write_repository
+
+    options = engine_kwargs(args)
+    options["model"] = resolve_model(options.get("model"))  # fetch the default model here, visibly, once
+    tmp = None
+    repo_dir = args.repo_dir
+    if repo_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="tritongen-repo-")
+        repo_dir = tmp.name
+    write_repository(repo_dir, options, layout=args.layout, name=args.name,
+                     max_queue=getattr(args, "max_queue", DEFAULT_MAX_QUEUE))
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def make_server() -> TritonServer:
+        return TritonServer(Path(repo_dir), http_port=args.http_port, grpc_port=args.grpc_port,
+                            metrics_port=args.metrics_port, host=host, model_control="explicit", load_models=["*"])
+
+    try:
+        supervisor = Supervisor(make_server, args.name, stop)
+        return supervisor.run(lambda server, first: first and _print_endpoints(server, args, repo_dir))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _print_endpoints(server: TritonServer, args, repo_dir: str) -> None:
+    name = args.name
+    lines = [
+        f"tritongen: Triton is ready (model repository {repo_dir})",
+        f"  HTTP     http://{server.http_url}  e.g. POST /v2/models/{name}/generate_stream, "
+        f"/v2/models/{name}_bls/generate, /v2/models/{name}_bls/infer",
+        f"  gRPC     {server.grpc_url}  (stream to '{name}', unary to '{name}_bls')",
+        f"  metrics  {server.metrics_url}",
+    ]
+    if args.layout == "ensemble":
+        lines.append("  ensemble model 'ensemble' (TensorRT-LLM names)")
+    if "--allow-gpu-metrics=false" in server.command_line:
+        lines.append(f"  ({CPU_NOTE})")
+    print("\n".join(lines), flush=True)

@@ -110,6 +110,96 @@ def server_env(install: TritonInstall, base: Optional[dict] = None) -> dict[str,
     return env
 
 
+CPU_ARGS = ("--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0")
+"""On a machine without a GPU: no NVML/DCGM warnings, no failed pinned-memory allocation. One line
+remains, an ERROR "CudaDriverHelper has not been initialized.": the GPU build of tritonserver logs it
+unconditionally when it finds no driver (core server.cc, no flag turns it off); it is harmless."""
+
+CPU_NOTE = "on CPU tritonserver's 'CudaDriverHelper has not been initialized' line is harmless"
+
+DRAIN_FILE_ENV = "TRITONGEN_DRAIN_FILE"
+"""Path the launcher creates just before it asks tritonserver to stop. Triton never tells a model
+that the server is stopping (finalize runs only after every in-flight request has ended), so the
+engine model polls this file and ends its in-flight requests with UNAVAILABLE when it appears."""
+
+STUB_NAME = "triton_python_backend_stub"
+SHM_DIR = Path("/dev/shm")
+
+
+def has_gpu() -> bool:
+    """An NVIDIA driver is present (checked without importing torch)."""
+    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia").exists()
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    """A Python-backend stub process of one tritonserver (read from /proc)."""
+
+    pid: int
+    model: str
+    """The model directory's name (repo/<model>/<version>/model.py)."""
+    shm_region: str
+    """Its shared-memory region (/dev/shm/<shm_region>), which the server removes unless it crashed."""
+    cmdline: tuple[str, ...]
+    zombie: bool
+
+
+def find_stubs(server_pid: int) -> list[StubProcess]:
+    """Stubs launched by tritonserver `server_pid`, its own or orphaned: the stub's argv is
+    [stub, model.py, shm region, shm size, growth size, parent pid, ...], so they are found by the
+    parent pid in their command line even once the server is gone (never by name alone)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        stub = _read_stub(int(entry))
+        if stub is not None and len(stub.cmdline) > 5 and stub.cmdline[5] == str(server_pid):
+            out.append(stub)
+    return out
+
+
+def _read_stub(pid: int) -> Optional[StubProcess]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    if len(argv) < 3 or not argv[0].endswith(STUB_NAME):
+        return None
+    model = Path(argv[1]).parent.parent.name
+    return StubProcess(pid, model, argv[2], argv, state in ("Z", "X"))
+
+
+def reap_stubs(stubs: Sequence[StubProcess], timeout: float = 5.0) -> list[int]:
+    """SIGKILL each stub still running (checked by its command line, so a reused PID is left
+    alone; a stub ignores SIGTERM), wait for it, and remove its /dev/shm region. Returns the PIDs killed."""
+    killed = []
+    for stub in stubs:
+        now = _read_stub(stub.pid)
+        if now is not None and now.cmdline == stub.cmdline and not now.zombie:
+            try:
+                os.kill(stub.pid, signal.SIGKILL)
+                killed.append(stub.pid)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    while killed and time.monotonic() < deadline:
+        alive = [pid for pid in killed if (s := _read_stub(pid)) is not None and not s.zombie]
+        if not alive:
+            break
+        time.sleep(0.05)
+    for stub in stubs:
+        region = SHM_DIR / stub.shm_region
+        if stub.shm_region and "/" not in stub.shm_region and region.exists():
+            try:
+                region.unlink()
+            except OSError:
+                pass
+    return killed
+
+
 BLS_THREAD_POOL_SIZE = 1024
 """python_backend's thread-pool-size: how many BLS requests (llm_bls -> llm) can be in flight at once."""
 
@@ -131,8 +221,13 @@ class TritonServer:
     """Server log (stdout and stderr); None inherits the terminal."""
     exit_timeout_s: int = 10
     """How long tritonserver waits for in-flight requests when asked to stop."""
+    cpu_only: Optional[bool] = None
+    """Start without GPU features (CPU_ARGS); None: when the machine has no NVIDIA driver."""
     extra_args: Sequence[str] = ()
     process: Optional[subprocess.Popen] = field(default=None, init=False)
+    command_line: list[str] = field(default_factory=list, init=False)
+    stubs: dict[int, StubProcess] = field(default_factory=dict, init=False)
+    """Every stub seen of this server (refreshed by poll_stubs()): what stop() must leave dead."""
     _tmp: Optional[tempfile.TemporaryDirectory] = field(default=None, init=False, repr=False)
 
     @property
@@ -159,6 +254,8 @@ class TritonServer:
         # whole generation: llm_bls then never had more than 32 requests in the engine (H200,
         # concurrency 128: 29 on average, 0.63x the OpenAI server's RPS).
         cmd.append(f"--backend-config=python,thread-pool-size={BLS_THREAD_POOL_SIZE}")
+        if self.cpu_only or (self.cpu_only is None and not has_gpu()):
+            cmd += CPU_ARGS
         cmd += [f"--load-model={m}" for m in self.load_models]
         return cmd + list(self.extra_args)
 
@@ -167,9 +264,13 @@ class TritonServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="tritongen-backends-")
         backend_dir = prepare_backend_dir(install, Path(self._tmp.name))
         out = open(self.log_file, "ab") if self.log_file else None
+        env = server_env(install)
+        env[DRAIN_FILE_ENV] = str(self.drain_file)
+        self.stubs = {}
+        self.command_line = self.command(install, backend_dir)
         try:
             # Own session: a Ctrl-C in the terminal reaches us, and we forward it once.
-            self.process = subprocess.Popen(self.command(install, backend_dir), env=server_env(install),
+            self.process = subprocess.Popen(self.command_line, env=env,
                                             stdout=out, stderr=subprocess.STDOUT if out else None,
                                             start_new_session=True)
         finally:
@@ -177,12 +278,27 @@ class TritonServer:
                 out.close()
         return self
 
-    def is_ready(self) -> bool:
+    @property
+    def drain_file(self) -> Path:
+        assert self._tmp is not None, "start() first"
+        return Path(self._tmp.name) / "draining"
+
+    def is_ready(self, model: Optional[str] = None) -> bool:
+        """/v2/health/ready, or /v2/models/<model>/ready."""
+        path = "/v2/health/ready" if model is None else f"/v2/models/{model}/ready"
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=2) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
+
+    def poll_stubs(self) -> list[StubProcess]:
+        """This server's stubs now (zombies included); each one is remembered for stop()."""
+        if self.process is None:
+            return []
+        now = find_stubs(self.process.pid)
+        self.stubs.update((s.pid, s) for s in now)
+        return now
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -200,19 +316,25 @@ class TritonServer:
             return ""
         return "; log tail:\n" + Path(self.log_file).read_text(errors="replace")[-chars:]
 
-    def stop(self, timeout: Optional[float] = None) -> Optional[int]:
-        """SIGTERM, wait for a clean shutdown, then SIGKILL the server's process group if needed."""
+    def stop(self, timeout: Optional[float] = None, kill: bool = False) -> Optional[int]:
+        """Tell the engine model to drain, SIGTERM, wait for a clean shutdown (`timeout`, default the
+        exit timeout + 5 s), else SIGKILL; `kill`: SIGKILL at once. Then no stub of this server is
+        left and no /dev/shm region of theirs: tritonserver 2.51 exits with stubs alive when its
+        exit timeout expires (they ignore SIGTERM and hang in their own exit path, parent 1)."""
         proc = self.process
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            self.poll_stubs()
+            if not kill:
+                self.drain_file.touch()
+                proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=timeout if timeout is not None else self.exit_timeout_s + 20)
+                proc.wait(timeout=0 if kill else timeout if timeout is not None else self.exit_timeout_s + 5)
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the group we created: server and stubs
-                except ProcessLookupError:
-                    pass
+                proc.kill()
                 proc.wait(timeout=10)
+        if proc is not None:
+            self.poll_stubs()  # orphans keep the server's pid in their argv
+            reap_stubs(list(self.stubs.values()))
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -232,58 +354,7 @@ class TritonServer:
 
 
 def serve(args) -> int:
-    """`tritongen serve --frontend triton`: write the repository, run tritonserver until a signal."""
-    from tritongen.cli import engine_kwargs
-    from tritongen.fetch import resolve_model
-    from tritongen.triton.repo import write_repository
+    """`tritongen serve --frontend triton` (cli.py imports it from here; the command lives in commands.py)."""
+    from tritongen.triton.commands import serve_triton
 
-    options = engine_kwargs(args)
-    options["model"] = resolve_model(options.get("model"))  # fetch the default model here, visibly, once
-    tmp = None
-    repo_dir = args.repo_dir
-    if repo_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="tritongen-repo-")
-        repo_dir = tmp.name
-    write_repository(repo_dir, options, layout=args.layout, name=args.name)
-    server = TritonServer(Path(repo_dir), http_port=args.http_port, grpc_port=args.grpc_port,
-                          metrics_port=args.metrics_port, host=getattr(args, "host", "127.0.0.1"))
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server.start()
-        _wait_ready_or_stop(server, stop)
-        if not stop.is_set():
-            _print_endpoints(server, args, repo_dir)
-        while not stop.is_set() and server.process.poll() is None:
-            stop.wait(0.5)
-    finally:
-        print("tritongen: stopping tritonserver…", file=sys.stderr, flush=True)
-        code = server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if tmp is not None:
-            tmp.cleanup()
-    return 0 if stop.is_set() else (code or 0)
-
-
-def _wait_ready_or_stop(server: TritonServer, stop: threading.Event) -> None:
-    while not stop.is_set():
-        if server.process.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {server.process.returncode} before it was ready")
-        if server.is_ready():
-            return
-        stop.wait(0.5)
-
-
-def _print_endpoints(server: TritonServer, args, repo_dir: str) -> None:
-    name = args.name
-    lines = [
-        f"tritongen: Triton is ready (model repository {repo_dir})",
-        f"  HTTP     http://{server.http_url}  e.g. POST /v2/models/{name}/generate_stream, "
-        f"/v2/models/{name}_bls/generate, /v2/models/{name}_bls/infer",
-        f"  gRPC     {server.grpc_url}  (stream to '{name}', unary to '{name}_bls')",
-        f"  metrics  {server.metrics_url}",
-    ]
-    if args.layout == "ensemble":
-        lines.append("  ensemble model 'ensemble' (TensorRT-LLM names)")
-    print("\n".join(lines), flush=True)
+    return serve_triton(args)

@@ -125,8 +125,13 @@ def write_model(root: Path, name: str, config: str, module: Optional[str], versi
 
 
 def write_repository(out: str | Path, options: Optional[dict] = None, *, layout: str = "default",
-                     name: str = "llm", version: int = 1, overwrite: bool = True) -> Path:
-    """Write the model repository for `options` (engine keyword options) into `out`."""
+                     name: str = "llm", version: int = 1, overwrite: bool = True,
+                     max_queue: Optional[int] = None) -> Path:
+    """Write the model repository for `options` (engine keyword options) into `out`. `max_queue`:
+    the engine model's `max_queue` parameter (requests let wait beyond max_num_seqs; 0 = unbounded;
+    None leaves the model's default)."""
+    if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+        raise ValueError(f"max_queue must be a non-negative integer, got {max_queue!r}")
     if layout not in ("default", "ensemble"):
         raise ValueError(f"layout must be 'default' or 'ensemble', got {layout!r}")
     if not name or "/" in name:
@@ -139,7 +144,8 @@ def write_repository(out: str | Path, options: Optional[dict] = None, *, layout:
             shutil.rmtree(root / model / str(version))
     root.mkdir(parents=True, exist_ok=True)
     params = engine_parameters(options or {})
-    write_model(root, name, model_config(name, decoupled=True, instance_kind="KIND_MODEL", parameters=params),
+    llm_params = params if max_queue is None else {**params, "max_queue": str(max_queue)}
+    write_model(root, name, model_config(name, decoupled=True, instance_kind="KIND_MODEL", parameters=llm_params),
                 "tritongen.triton.llm_model", version)
     write_model(root, f"{name}_bls", model_config(f"{name}_bls", decoupled=False, instance_kind="KIND_CPU",
                                                   parameters={"llm_model": name}),
