@@ -5,7 +5,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+"""stop: EOS, a stop token or string; length: max_tokens or max_model_len; abort: cancelled by the
+caller; error: the engine failed while running the request (RequestOutput.error says why)."""
 
 
 @dataclass
@@ -49,10 +51,13 @@ class SamplingParams:
     """Leave special tokens out of the detokenized text."""
 
     def __post_init__(self) -> None:
+        # Normalise the shapes fronts commonly pass; anything else is left for validate() to name.
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        elif self.stop is None or isinstance(self.stop, tuple):
+            self.stop = list(self.stop or [])
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids or [])
 
     @property
     def uses_penalties(self) -> bool:
@@ -63,42 +68,84 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> None:
-        """Raise ValueError naming the offending field; called before a request is queued."""
-        def bad(msg: str) -> None:
-            raise ValueError(msg)
-
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            bad(f"temperature must be non-negative, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            bad(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            bad(f"top_k must be -1 (disable) or a non-negative integer, got {self.top_k}")
-        if not (0.0 <= self.min_p <= 1.0):
-            bad(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            bad(f"repetition_penalty must be positive, got {self.repetition_penalty}")
-        if not (-2.0 <= self.presence_penalty <= 2.0):
-            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not (-2.0 <= self.frequency_penalty <= 2.0):
-            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            bad(f"min_tokens must be non-negative, got {self.min_tokens}")
+    def validate(self, vocab_size: Optional[int] = None) -> None:
+        """Raise ValueError whose message starts with the offending field's name; called before a
+        request is queued. Whatever passes here must not fail the engine later (the bounds below
+        are what the sampler's tensors and the per-step host work can take), so a request's own
+        data can only fail that request, and at the front. With `vocab_size` (known to the engine)
+        stop_token_ids must also be in the vocabulary."""
+        _check_int("max_tokens", self.max_tokens, 1, MAX_INT)
+        _check_int("min_tokens", self.min_tokens, 0, MAX_INT)
         if self.min_tokens > self.max_tokens:
-            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            bad(f"logprobs must be an integer in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and (
-                not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20):
-            bad(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad(f"seed must be an integer, got {self.seed!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            bad("stop must be a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad("stop_token_ids must be non-negative integers")
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        _check_int("top_k", self.top_k, -1, MAX_INT, f"-1 (disable) or an integer in [0, {MAX_INT}]")
+        _check_float("temperature", self.temperature, 0.0, _F32_MAX)
+        _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        # Divided into logits in float32: it must stay a finite non-zero float32.
+        _check_float("repetition_penalty", self.repetition_penalty, _F32_TINY, _F32_MAX)
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, SEED_MIN, SEED_MAX, "a 64-bit integer")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {_short(getattr(self, name))}")
+        self._validate_stops(vocab_size)
+
+    def _validate_stops(self, vocab_size: Optional[int]) -> None:
+        if not isinstance(self.stop, list) or len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop must be a list of at most {MAX_STOP_STRINGS} strings")
+        for s in self.stop:
+            if not isinstance(s, str) or not 0 < len(s) <= MAX_STOP_CHARS:
+                raise ValueError(f"stop must hold non-empty strings of at most {MAX_STOP_CHARS} characters, "
+                                 f"got {_short(s)}")
+        if not isinstance(self.stop_token_ids, list) or len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids")
+        top = MAX_INT if vocab_size is None else vocab_size - 1
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, 0, top, f"token ids in [0, {top}]")
+
+
+MAX_INT = 2 ** 31 - 1
+"""Bound of the integer counts (max_tokens, min_tokens, top_k): an int32, as Triton's tensors carry them."""
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
+"""What torch.Generator.manual_seed takes (a negative seed s acts as s + 2**64)."""
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+"""Every stop string is searched for in the new text at every step, and streaming holds back up
+to its length - 1 characters: these bound that work per request."""
+MAX_STOP_TOKEN_IDS = 1024
+_F32_MAX = 3.4028234663852886e38
+_F32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
+def _short(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 128:  # repr() of a huge int is slow or refused
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_int(name: str, value: object, low: int, high: int, what: str = "") -> None:
+    """An int (not a bool) in [low, high], else ValueError starting with `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be {what or f'an integer in [{low}, {high}]'}, got {_short(value)}")
+
+
+def _check_float(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    """A real number (not a bool, not NaN or inf) in [low, high] (or (low, high]), else ValueError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # abs() first: an int beyond the float range would overflow the comparisons' conversion.
+    ok = ok and abs(value) <= _F32_MAX * 2 and math.isfinite(value) and value <= high
+    ok = ok and (low < value if low_open else low <= value)
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be a number in {bracket}{low:g}, {high:g}], got {_short(value)}")
 
 
 @dataclass
@@ -136,7 +183,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
     error: Optional[str] = None
-    """Set when the request ended because of an internal error (finish_reason is then "abort")."""
+    """Set when the request ended because of an internal error (finish_reason is then "error"):
+    fronts answer INTERNAL / 500 with it."""
 
     @property
     def finished(self) -> bool:

@@ -97,7 +97,7 @@ def test_one_failing_request_does_not_take_down_others(llm):
         return await asyncio.gather(poisoned(), healthy())
 
     bad, good = asyncio.run(run())
-    assert bad[-1].finish_reason == "abort" and bad[-1].error
+    assert bad[-1].finish_reason == "error" and bad[-1].error
     assert good[-1].finish_reason == "length" and len(good[-1].token_ids) == 5
 
 

@@ -69,7 +69,7 @@ def tokenize(tokenizer: TokenizerLike, limits: EngineLimits, prompt: Prompt) -> 
 def validate(tokenizer: TokenizerLike, limits: EngineLimits, prompt: Prompt, params: SamplingParams) -> list[int]:
     """A request checked against the model's limits; returns its token ids. Raises ValueError naming
     the problem. Needs no engine state: also what a process without the engine checks with."""
-    params.validate()
+    params.validate(limits.vocab_size)
     ids = tokenize(tokenizer, limits, prompt)
     if len(ids) >= limits.max_model_len:
         raise ValueError(
@@ -104,6 +104,11 @@ class EngineCore:
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
         self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
+        self._at_risk: list[SchedulerOutput] = []
+        """Steps scheduled but whose results are not applied yet: an exception now fails their requests."""
+        self._unemitted: list[Sequence] = []
+        """Requests that got a token this step, not yet turned into outputs (pipelined mode)."""
+        self.num_failed_steps = 0
         self.num_steps = 0
         self.num_prefill_steps = 0
         """Steps that carried prompt tokens (a prefill or a chunk): the decodes batched with them wait longer."""
@@ -150,41 +155,60 @@ class EngineCore:
     # -- the loop -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step; returns the outputs it produced. If it raises, call fail_step(): it ends the
+        requests of the step that failed and returns every output the step owed."""
         if self.pipelined:
-            return self._pipelined_step()
+            self._pipelined_step()
+        else:
+            self._sequential_step()
         outputs, self._pending_outputs = self._pending_outputs, []
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            if sched.finished_request_ids:
-                self.runner.execute(sched)  # lets the runner drop per-request state
-            return outputs
-        self._count(sched)
-        model_out = self.runner.execute(sched)
-        return outputs + self._emit(self.scheduler.update(sched, model_out))
+        return outputs
 
-    def _pipelined_step(self) -> list[RequestOutput]:
+    def _sequential_step(self) -> None:
+        sched = self.scheduler.schedule()
+        self._at_risk = [sched]
+        if not sched.is_empty:
+            self._count(sched)
+            self._pending_outputs += self._emit(self.scheduler.update(sched, self.runner.execute(sched)))
+        elif sched.finished_request_ids:
+            self.runner.execute(sched)  # lets the runner drop per-request state
+        self._at_risk = []
+
+    def _pipelined_step(self) -> None:
         """Wait for the step in flight, apply its tokens, launch the next step, then detokenize and
         emit while the device runs it. A stop string found here ends a request that the step in
         flight also computes; its extra token is dropped (the request is gone when it arrives)."""
-        outputs, self._pending_outputs = self._pending_outputs, []
-        updated: list[Sequence] = []
         if self._inflight is not None:
             sched, result = self._inflight
             self._inflight = None
             ahead = self.scheduler.schedule_ahead(sched) if self.async_scheduling else None
             if ahead is not None:
-                self._count(ahead)
-                self._inflight = (ahead, self.runner.launch(ahead))
-            updated = self.scheduler.update(sched, result())
+                self._launch(ahead)
+            self._unemitted = self.scheduler.update(sched, result())
+            self._settled(sched)
             if ahead is not None:
-                return outputs + self._emit(updated)
+                self._emit_unemitted()
+                return
         sched = self.scheduler.schedule()
         if not sched.is_empty:
-            self._count(sched)
-            self._inflight = (sched, self.runner.launch(sched))
+            self._launch(sched)
         elif sched.finished_request_ids:
+            self._at_risk.append(sched)
             self.runner.execute(sched)  # lets the runner drop per-request state
-        return outputs + self._emit(updated)
+            self._settled(sched)
+        self._emit_unemitted()
+
+    def _launch(self, sched: SchedulerOutput) -> None:
+        self._at_risk.append(sched)  # first: a launch that raises fails the step's requests too
+        self._count(sched)
+        self._inflight = (sched, self.runner.launch(sched))
+
+    def _settled(self, sched: SchedulerOutput) -> None:
+        self._at_risk = [s for s in self._at_risk if s is not sched]  # identity: == would compare deeply
+
+    def _emit_unemitted(self) -> None:
+        updated, self._unemitted = self._unemitted, []
+        self._pending_outputs += self._emit(updated)
 
     def _count(self, sched: SchedulerOutput) -> None:
         self.num_steps += 1
@@ -201,19 +225,36 @@ class EngineCore:
                 outputs.append(self._fail(seq, exc))
         return outputs
 
+    def fail_step(self, exc: BaseException) -> list[RequestOutput]:
+        """After step() raised `exc`: end with finish_reason "error" the requests scheduled in the
+        steps whose results were not applied (the one that raised, and in pipelined mode the one in
+        flight beside it); their blocks are freed. Requests not scheduled there go on. Returns the
+        outputs the step owed: aborts, tokens applied before the exception, and the errors."""
+        self.num_failed_steps += 1
+        failed = dict.fromkeys(s.request_id for sched in self._at_risk for s in sched.seqs)
+        for sched in self._at_risk:  # the runner may not have dropped their state: tell it again
+            self.scheduler.requeue_finished(sched.finished_request_ids)
+        self._at_risk, self._inflight = [], None
+        updated, self._unemitted = self._unemitted, []
+        outputs, self._pending_outputs = self._pending_outputs, []
+        outputs += self._emit([seq for seq in updated if seq.request_id not in failed])
+        seqs = [self.scheduler.requests[rid] for rid in failed if rid in self.scheduler.requests]
+        return outputs + [self._fail(seq, exc) for seq in seqs]
+
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
-        """End every request with an error (after a failed step); the engine stays usable."""
-        self._inflight = None
+        """End every request with an error (finish_reason "error"); the engine stays usable."""
+        self._inflight, self._at_risk, self._unemitted = None, [], []
+        outputs, self._pending_outputs = self._pending_outputs, []
         seqs = list(self.scheduler.requests.values())
-        return [self._fail(seq, exc) for seq in seqs]
+        return outputs + [self._fail(seq, exc) for seq in seqs]
 
     def _fail(self, seq: Sequence, exc: BaseException) -> RequestOutput:
-        self.scheduler.finish(seq, "abort")
+        self.scheduler.finish(seq, "error")
         self.detokenizers.pop(seq.request_id, None)
         return RequestOutput(
             request_id=seq.request_id, prompt_token_ids=seq.prompt_token_ids, prompt=seq.prompt,
             text="", token_ids=list(seq.output_token_ids), delta_text="", delta_token_ids=[],
-            finish_reason="abort", error=f"{type(exc).__name__}: {exc}")
+            finish_reason="error", error=f"{type(exc).__name__}: {exc}")
 
     def _process(self, seq: Sequence) -> RequestOutput:
         detok = self.detokenizers[seq.request_id]
@@ -264,4 +305,5 @@ class EngineCore:
             "num_steps": self.num_steps,
             "num_prefill_steps": self.num_prefill_steps,
             "num_steps_ahead": self.num_steps_ahead,
+            "num_failed_steps": self.num_failed_steps,
         }

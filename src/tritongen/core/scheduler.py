@@ -61,6 +61,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def requeue_finished(self, request_ids: list[str]) -> None:
+        """Report these ended requests to the runner again with the next step (the step that
+        carried them failed, so the runner may still hold their state)."""
+        self._finished_ids[:0] = [rid for rid in request_ids if rid not in self._finished_ids]
+
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

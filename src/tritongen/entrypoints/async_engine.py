@@ -4,30 +4,37 @@ Threading model: the engine thread alone touches EngineCore state. Callers valid
 tokenize in their own thread (read-only work), then post commands (add / abort) to a queue that
 the engine thread drains between steps. Outputs go back to each caller's asyncio loop in one
 call_soon_threadsafe per step.
+
+Failures (entrypoints/engine_loop.py): a step that raises fails only its own requests. When the
+engine is given up (steps failing in a row, a fatal error) or its process dies, every request in
+flight ends at once with EngineDeadError, new ones get it too, `is_running` is False, and the
+engine is rebuilt from its options — in this process, or by spawning a new engine process —
+after which it serves again (`stats()["engine_restarts"]` counts these).
 """
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import queue
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Optional, Union
 
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
+from tritongen.entrypoints.engine_loop import rebuild, run_engine_loop
 from tritongen.entrypoints.engine_process import OutputAccumulator, RemoteEngine
 from tritongen.types import RequestOutput, SamplingParams, merge_outputs
 
 logger = logging.getLogger(__name__)
 
-# After this many failed steps in a row the engine is declared dead (UNAVAILABLE).
-_MAX_CONSECUTIVE_FAILURES = 3
-
 
 class EngineDeadError(RuntimeError):
-    """The engine loop has stopped; no request can be served."""
+    """The engine is down (restarting, or shut down): this request cannot be served now. Fronts
+    answer UNAVAILABLE / 503; requests sent once `is_running` is True again are served."""
 
 
 @dataclass
@@ -65,26 +72,34 @@ class AsyncLLM:
     def __init__(self, model: Optional[str] = None, *, engine: Optional[EngineCore] = None, **kwargs) -> None:
         """kwargs are engine options; engine_process=True runs the engine loop in a child process
         (entrypoints/engine_process.py) instead of a thread of this one, so that the caller's
-        per-token work and the engine's host work do not share a GIL."""
+        per-token work and the engine's host work do not share a GIL. An `engine` handed in is
+        not rebuilt after a failure: it stays down (one built from options restarts)."""
         self._streams: dict[str, _Stream] = {}
-        self._lock = threading.Lock()  # guards _streams across the caller and engine threads
+        self._lock = threading.Lock()  # guards _streams and _dead across the caller and engine threads
         self._ids = itertools.count()
         self._dead: Optional[BaseException] = None
+        """Why the engine is down (restarting or shut down); None while it serves."""
         self._stop = threading.Event()
+        self.restarts = 0
+        """Times the engine was rebuilt (in this process, or as a new engine process)."""
         if kwargs.get("engine_process") is None:
             kwargs["engine_process"] = engine is None and wants_engine_process(kwargs.get("device", "auto"))
         if kwargs["engine_process"]:
             if engine is not None:
                 raise ValueError("engine_process=True builds its own engine; do not pass one")
-            self.engine = RemoteEngine({"model": model, **kwargs})
+            self._engine_kwargs = {"model": model, **kwargs}
+            self.engine = RemoteEngine(self._engine_kwargs)
             self._stats = self.engine.initial_stats
             self._commands = _Forwarder(self.engine)
             self._thread = threading.Thread(target=self._run_remote, name="tritongen-engine-reader", daemon=True)
         else:
+            self._build: Optional[Callable[[], EngineCore]] = None
             if engine is None:
                 from tritongen.entrypoints.llm import create_engine
 
-                engine = create_engine(EngineConfig.from_kwargs(model=model, **kwargs))
+                config = EngineConfig.from_kwargs(model=model, **kwargs)
+                self._build = lambda: create_engine(config)
+                engine = self._build()
             self.engine = engine
             self._commands = queue.Queue()
             self._stats = engine.stats()
@@ -101,17 +116,31 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
+        """True while requests are served; False while the engine restarts and after shutdown."""
         return self._thread.is_alive() and self._dead is None
 
+    @property
+    def engine_pid(self) -> Optional[int]:
+        """PID of the engine process (engine_process=True; a new one after each restart), else None."""
+        proc = getattr(self.engine, "proc", None)
+        return proc.pid if proc is not None else None
+
+    def health(self) -> dict:
+        """running (= is_running), restarts, engine_pid, and why the engine is down (None when up)."""
+        dead = self._dead
+        return {"running": self.is_running, "restarts": self.restarts, "engine_pid": self.engine_pid,
+                "error": None if dead is None else f"{type(dead).__name__}: {dead}"}
+
     def stats(self) -> dict:
-        """Snapshot taken by the engine thread after its last step."""
-        return dict(self._stats)
+        """Snapshot taken by the engine thread after its last step, plus engine_restarts."""
+        return dict(self._stats, engine_restarts=self.restarts)
 
     # -- caller side --------------------------------------------------------------------------
 
     def _check_alive(self) -> None:
-        if self._dead is not None or not self._thread.is_alive():
-            raise EngineDeadError(f"engine is not running: {self._dead!r}")
+        dead = self._dead
+        if dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"the engine is not running: {dead!r}")
 
     def validate(self, prompt: Union[str, list[int]], params: SamplingParams) -> list[int]:
         """Check a request the way add_request will, in the caller's thread; returns token ids."""
@@ -127,8 +156,10 @@ class AsyncLLM:
         A caller that falls behind gets the steps it has not read yet merged into one output (their
         deltas joined), so a slow consumer costs one wake-up, not one per step.
 
-        Raises ValueError for bad input before anything is queued. Leaving the loop early (break,
-        cancellation, client disconnect) aborts the request.
+        Raises ValueError for bad input before anything is queued, EngineDeadError when the engine
+        is down or goes down meanwhile. A request the engine fails ends with finish_reason "error"
+        and `error` set. Leaving the loop early (break, cancellation, client disconnect) aborts
+        the request.
         """
         self._check_alive()
         params = params or SamplingParams()
@@ -136,14 +167,15 @@ class AsyncLLM:
         request_id = request_id or f"req-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
+            self._check_alive()  # under the lock: no stream is added after _went_down ended them
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._streams[request_id] = stream
-        self._commands.put(_Add(request_id, ids, params, prompt if isinstance(prompt, str) else None))
         finished = False
         deferred: Optional[BaseException] = None
         try:
-            while True:
+            self._commands.put(_Add(request_id, ids, params, prompt if isinstance(prompt, str) else None))
+            while not finished:
                 item = deferred or await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
@@ -155,51 +187,115 @@ class AsyncLLM:
                     item = merge_outputs(item, later)
                 finished = item.finished
                 yield item
-                if finished:
-                    return
         finally:
             with self._lock:
                 self._streams.pop(request_id, None)
-            if not finished:
+            if not finished and self.is_running:
                 self._commands.put(_Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
-        """Abort a request; when this returns its KV blocks are free."""
+        """Abort a request; when this returns its KV blocks are free. An id the engine does not
+        know (finished, never sent, or another AsyncLLM's) is a no-op; never raises."""
+        if not self.is_running:
+            return  # nothing runs: every request has ended already
         done = threading.Event()
         self._commands.put(_Abort(request_id, done))
-        if self._thread.is_alive():
-            await asyncio.get_running_loop().run_in_executor(None, done.wait, 5.0)
+        await asyncio.get_running_loop().run_in_executor(None, done.wait, 5.0)
 
     def shutdown(self) -> None:
+        """Stop the engine (and its process); requests still in flight get EngineDeadError."""
         self._stop.set()
         self._commands.put(None)
         self._thread.join(timeout=10)
         self.engine.shutdown()
+        self._went_down(RuntimeError("the engine was shut down"), "shutdown")
 
     # -- engine thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        run_engine_loop(self.engine, self._drain_commands, self._deliver_step, self._died)
+        """The engine loop in this thread; rebuilds the engine each time it is given up."""
+        while True:
+            exc = run_engine_loop(self.engine, self._drain_commands, self._deliver_step)
+            if exc is None:
+                return
+            self._went_down(exc, "the engine failed; restarting it" if self._build else "the engine failed")
+            self._flush_commands()
+            _release(self.engine)
+            if self._build is None:
+                return
+            engine = rebuild(self._build, self._stop)
+            if engine is None:
+                return
+            self._came_back(engine, engine.stats())
 
     def _deliver_step(self, outputs: list[RequestOutput], stats: dict) -> None:
         self._stats = stats
         self._dispatch(outputs)
 
-    def _died(self, exc: BaseException, why: str = "engine stopped after repeated failures") -> None:
-        self._dead = exc
-        self._fail_streams(EngineDeadError(f"{why}: {exc!r}"))
+    def _went_down(self, exc: BaseException, why: str) -> None:
+        """The engine is gone: every stream in flight ends now with EngineDeadError."""
+        with self._lock:
+            self._dead = exc
+            streams, self._streams = self._streams, {}
+        if why != "shutdown":
+            logger.error("%s: %r", why, exc)
+        error = EngineDeadError(f"{why}: {exc!r}")
+        for stream in streams.values():
+            _post(stream, error)
+
+    def _came_back(self, engine, stats: dict) -> None:
+        self.engine, self._stats = engine, stats
+        with self._lock:
+            if self._stop.is_set():  # shut down meanwhile: shutdown() may have missed this engine
+                engine.shutdown()
+                return
+            self.restarts += 1
+            self._dead = None
+        logger.warning("the engine serves again (restart %d)", self.restarts)
+
+    def _flush_commands(self) -> None:
+        """Drop the commands the lost engine never applied (their streams were ended) and release
+        the abort() calls waiting on them."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Abort) and cmd.done is not None:
+                cmd.done.set()
+            elif cmd is None:
+                self._commands.put(None)  # shutdown asked meanwhile: keep it for the next loop
+                return
 
     def _run_remote(self) -> None:
-        """engine_process: read the child's messages until it exits (its socket closes)."""
+        """engine_process: read the child's messages; when it dies or gives up, spawn a new one."""
         forward: _Forwarder = self._commands
+        while True:
+            down = self._read_child(forward)
+            if down is None or self._stop.is_set():
+                return
+            self._went_down(*down)
+            forward.lost()
+            old = self.engine
+            old.shutdown()  # reap the child (it is dead or exiting)
+            engine = rebuild(lambda: RemoteEngine(self._engine_kwargs, tokenizer=old.tokenizer, stop=self._stop),
+                             self._stop)
+            if engine is None:
+                return
+            forward.engine = engine
+            self._came_back(engine, engine.initial_stats)
+
+    def _read_child(self, forward: "_Forwarder") -> Optional[tuple[BaseException, str]]:
+        """Dispatch the child's messages until it is gone, then (error, why); None when stopped."""
         while True:
             try:
                 msg = self.engine.conn.recv()
             except (EOFError, OSError):
-                if not self._stop.is_set():
-                    code = self.engine.exit_code(timeout=5)
-                    self._died(RuntimeError(f"the engine process exited with code {code}"), "engine process exited")
-                return
+                if self._stop.is_set():
+                    return None
+                code = self.engine.exit_code(timeout=0.2)
+                return (RuntimeError(f"the engine process (pid {self.engine_pid}) exited with code {code}"),
+                        "engine process exited; restarting it")
             kind = msg[0]
             if kind == "step":
                 self._stats = msg[2]
@@ -212,8 +308,7 @@ class AsyncLLM:
                 if done is not None:
                     done.set()
             elif kind == "dead":
-                self._died(RuntimeError(msg[1]))
-                return
+                return RuntimeError(msg[1]), "the engine process gave up; restarting it"
 
     def _drain_commands(self, block: bool) -> bool:
         """Apply queued adds and aborts; False when asked to stop."""
@@ -237,7 +332,7 @@ class AsyncLLM:
             with self._lock:
                 wanted = cmd.request_id in self._streams
             if not wanted:
-                return  # the caller left before the request reached the engine
+                return  # the caller left (or its stream was ended) before the request reached the engine
             try:
                 self.engine.add_request(cmd.request_id, cmd.token_ids, cmd.params, cmd.prompt)
             except Exception as exc:
@@ -266,42 +361,28 @@ class AsyncLLM:
         with self._lock:
             stream = self._streams.get(request_id)
         if stream is not None:
-            try:
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-            except RuntimeError:
-                pass
-
-    def _fail_streams(self, exc: BaseException) -> None:
-        with self._lock:
-            ids = list(self._streams)
-        for rid in ids:
-            self._deliver(rid, exc)
+            _post(stream, item)
 
 
-def run_engine_loop(engine, drain: Callable[[bool], bool], deliver: Callable[[list[RequestOutput], dict], None],
-                    died: Callable[[BaseException], None]) -> None:
-    """The engine loop (a thread of AsyncLLM, or the engine process): apply commands (waiting for
-    one when idle), step, hand the outputs on; stop when drain() says so or after repeated failures."""
-    failures = 0
-    while True:
-        if not drain(not engine.has_unfinished()):
-            return
-        if not engine.has_unfinished():
-            continue
-        dead: Optional[BaseException] = None
-        try:
-            outputs = engine.step()
-            failures = 0
-        except Exception as exc:
-            logger.exception("engine step failed")
-            failures += 1
-            outputs = engine.fail_all(exc)
-            if failures >= _MAX_CONSECUTIVE_FAILURES or getattr(exc, "fatal", False):
-                dead = exc
-        deliver(outputs, engine.stats())
-        if dead is not None:
-            died(dead)
-            return
+def _post(stream: _Stream, item: object) -> None:
+    try:
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+    except RuntimeError:
+        pass  # that caller's loop is closed
+
+
+def _release(engine) -> None:
+    """Let go of a failed in-process engine's device memory before its replacement is built (the
+    object stays: callers may read its tokenizer and limits until the swap)."""
+    try:
+        engine.shutdown()
+    except Exception:
+        logger.exception("shutting down the failed engine failed")
+    engine.runner = None
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 class _Forwarder:
@@ -331,6 +412,13 @@ class _Forwarder:
                 raise EngineDeadError(f"the engine process is gone: {exc}") from exc
             if isinstance(cmd, _Abort) and cmd.done is not None:
                 cmd.done.set()  # nothing left to abort
+
+    def lost(self) -> None:
+        """The engine process is gone: forget its requests, release the abort() calls waiting."""
+        self.accumulators.clear()
+        acks, self.acks = self.acks, {}
+        for done in acks.values():
+            done.set()
 
     def outputs(self, deltas: list) -> list[RequestOutput]:
         outs = []

@@ -11,10 +11,11 @@ Protocol over one socket pair (multiprocessing Connection, pickled tuples):
   parent -> child: ("add", request_id, token_ids, params, prompt_text), ("abort", request_id, ack),
                    ("stop",)
   child -> parent: ("ready", limits, stats), ("step", [Delta], stats), ("rejected", request_id, message),
-                   ("aborted", ack), ("dead", message)
+                   ("aborted", ack), ("dead", message) (the engine was given up; the child exits)
 A step travels as deltas only (new token ids and text, finish reason, new logprobs): the parent
 rebuilds each RequestOutput's cumulative fields, so a message's size does not grow with the
-length of the outputs. The child exits when the socket closes or its parent goes away.
+length of the outputs. The child exits when the socket closes or its parent goes away. When the
+child dies or gives up, AsyncLLM ends the requests in flight and spawns a new one.
 """
 from __future__ import annotations
 
@@ -88,26 +89,33 @@ class RemoteEngine:
     """Parent-side stand-in for EngineCore: what frontends read of `AsyncLLM.engine` (tokenizer,
     limits, tokenize, validate), plus the child process and its connection."""
 
-    def __init__(self, kwargs: dict) -> None:
+    def __init__(self, kwargs: dict, tokenizer=None, stop: Optional[threading.Event] = None) -> None:
+        """Start the engine process and wait until it has loaded. `tokenizer`: the one a previous
+        engine process of the same options used (a restart); `stop` set: give up loading (the
+        child is ended) with RuntimeError."""
         from tritongen.config import EngineConfig
         from tritongen.entrypoints.llm import _tokenizer_path
         from tritongen.fetch import resolve_model
         from tritongen.tokenizer import load_tokenizer
 
         config = EngineConfig.from_kwargs(**kwargs)  # bad options fail here, before a process starts
-        self.tokenizer = load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
+        self.tokenizer = tokenizer or load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
         self._send_lock = threading.Lock()
         parent_sock, child_sock = socket.socketpair()
         self.proc = spawn_module("tritongen.entrypoints.engine_process", child_sock.fileno())
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.send(kwargs)
-        self.limits, self.initial_stats = self._wait_ready()
+        self.limits, self.initial_stats = self._wait_ready(stop)
 
-    def _wait_ready(self) -> tuple[EngineLimits, dict]:
-        while not self.conn.poll(1.0):
+    def _wait_ready(self, stop: Optional[threading.Event]) -> tuple[EngineLimits, dict]:
+        while not self.conn.poll(0.2):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the engine process exited with code {self.proc.returncode} while loading")
+            if stop is not None and stop.is_set():
+                self.proc.terminate()  # it reads no command while it loads
+                self.shutdown()
+                raise RuntimeError("stopped while the engine process was loading")
         try:
             msg = self.conn.recv()
         except EOFError:
@@ -154,9 +162,13 @@ class _ChildLoop:
         self.seen: set[str] = set()  # requests that already sent their first delta
 
     def run(self) -> None:
-        from tritongen.entrypoints.async_engine import run_engine_loop
+        """The engine loop; when it gives the engine up, say so and return (the process exits
+        and the parent spawns a new one: a fresh process also clears a broken CUDA context)."""
+        from tritongen.entrypoints.engine_loop import run_engine_loop
 
-        run_engine_loop(self.engine, self.drain, self.dispatch, self.died)
+        exc = run_engine_loop(self.engine, self.drain, self.dispatch)
+        if exc is not None:
+            self.conn.send(("dead", repr(exc)))
 
     def drain(self, block: bool) -> bool:
         """Apply every command waiting (wait up to 0.5 s for one when idle); False on stop."""
@@ -192,9 +204,6 @@ class _ChildLoop:
             else:
                 self.seen.add(out.request_id)
         self.conn.send(("step", deltas, stats))
-
-    def died(self, exc: BaseException) -> None:
-        self.conn.send(("dead", repr(exc)))
 
 
 def child_main(fd: int) -> int:

@@ -149,7 +149,9 @@ class Sampler:
             # A temperature below 1e-5 is as good as greedy; the floor keeps logits / T finite.
             [[max(p.temperature, 1e-5),
               p.top_k if 0 < p.top_k < vocab else vocab,
-              p.top_p if p.top_p < 1.0 else math.inf,  # inf: rounding in cumsum never drops a token
+              # inf: rounding in cumsum never drops a token. The floor: a top_p that float32
+              # rounds to 0 would drop the top token too (its mass before is exactly 0).
+              max(p.top_p, 1e-30) if p.top_p < 1.0 else math.inf,
               p.min_p] for p in params],
             logits.device, torch.float32)
         if any(p.temperature != 1.0 for p in params):
@@ -188,7 +190,7 @@ class Sampler:
         gen = self._seeded_generators.get(seq.request_id)
         if gen is None:
             gen = torch.Generator(device=device)
-            gen.manual_seed(seq.params.seed)
+            gen.manual_seed(seq.params.seed % 2 ** 64)  # validate() allows [-2**63, 2**64 - 1]
             self._seeded_generators[seq.request_id] = gen
         return gen
 
