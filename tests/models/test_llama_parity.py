@@ -267,7 +267,8 @@ def test_loader_errors(tmp_path: Path) -> None:
 @pytest.mark.slow
 @torch.no_grad()
 def test_real_smollm2_greedy_matches_hf(default_model_dir: str) -> None:
-    """The real default model in float32: same greedy tokens as HF generate, logprobs within 1e-5."""
+    """The real default model in float32: same greedy tokens as HF generate, logprobs within the
+    float32 error expected (1e-4, reasoned below)."""
     tok = transformers.AutoTokenizer.from_pretrained(default_model_dir)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
@@ -289,4 +290,15 @@ def test_real_smollm2_greedy_matches_hf(default_model_dir: str) -> None:
     assert "Paris" in tok.decode(seq.ids[len(prompt):])
     hf_lp = torch.log_softmax(_hf_logits(hf, seq.ids)[len(prompt) - 1:-1], dim=-1)
     expected = hf_lp.gather(1, torch.tensor(seq.ids[len(prompt):])[:, None])[:, 0]
-    torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-5, rtol=0)
+    # The tolerance is the float32 error expected, not what one machine shows. float32 rounds at
+    # u = 2**-24 = 6e-8. Each logprob comes out of 30 layers of matmuls whose reductions run over 576
+    # (hidden) to 1536 (MLP) terms, and our kernels sum in another order than HF's (paged attention,
+    # fused projections, the thread count of the machine), so the two roundings are independent and
+    # add up like a random walk: the last hidden state is off by about
+    # sqrt(30 layers x 7 matmuls) x sqrt(1536) x u = 14.5 x 39 x 6e-8 = 3.4e-5 of its size. A logprob
+    # (l_c - logsumexp(l)) cancels what is common to all logits; what is left scales with the spread
+    # of the logits that carry probability, a few units here (the chosen tokens' logprobs lie in
+    # [-1.9, 0]): about 1e-4 at worst, a few 1e-5 typically (1.0e-5 and 2.7e-5 seen on two machines;
+    # HF's own float32 logprobs are 1e-5 away from its float64 ones). A real bug (rope, norm, a KV
+    # slot) moves logprobs by 1e-2 or more, and the greedy tokens above must match exactly anyway.
+    torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
