@@ -381,8 +381,11 @@ def _release(engine) -> None:
     engine.runner = None
     gc.collect()
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # a CUDA context broken by the failure: the rebuild will say so
+        logger.exception("freeing the failed engine's device memory failed")
 
 
 class _Forwarder:
