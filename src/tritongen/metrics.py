@@ -28,12 +28,18 @@ COUNTERS = {
                                             "one); the decodes batched with them take longer.",
     "tritongen_engine_steps_ahead_total": "Engine steps launched by asynchronous scheduling before the step "
                                           "before them finished.",
+    "tritongen_engine_failed_steps_total": "Engine steps that raised: only the requests scheduled in them failed "
+                                           "(finish_reason=\"error\").",
+    "tritongen_engine_restarts_total": "Times the engine was rebuilt in place after repeated or fatal step failures, "
+                                       "or after its process died.",
 }
 ENGINE_COUNTERS = {  # counter <- the engine stats() key it follows
     "tritongen_num_preemptions_total": "num_preemptions",
     "tritongen_engine_steps_total": "num_steps",
     "tritongen_engine_prefill_steps_total": "num_prefill_steps",
     "tritongen_engine_steps_ahead_total": "num_steps_ahead",
+    "tritongen_engine_failed_steps_total": "num_failed_steps",
+    "tritongen_engine_restarts_total": "engine_restarts",
 }
 GAUGES = {
     "tritongen_num_requests_running": "Requests in the running batch.",

@@ -79,7 +79,8 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_num_input_tokens", "TYPE_BOOL", (1,)),
     TensorSpec("return_num_output_tokens", "TYPE_BOOL", (1,)),
     TensorSpec("abort_request_id", "TYPE_STRING", (1,),
-               "control: cancel the running request with this request id (forwarding models use it)"),
+               "reserved for tritongen's forwarding models (needs the engine model's secret token, "
+               "triton/control.py); from a client: INVALID_ARG"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (
