@@ -24,10 +24,12 @@ def _tokenizer_path(config: EngineConfig, model_path: str) -> str:
 def create_engine(config: EngineConfig) -> EngineCore:
     """Load model, tokenizer and KV cache; return a ready EngineCore."""
     from tritongen.fetch import resolve_model
+    from tritongen.preflight import check_memory
     from tritongen.runner.model_runner import ModelRunner
     from tritongen.tokenizer import FastDecoder, load_tokenizer
 
     model_path = resolve_model(config.model.model)
+    check_memory(config, model_path)  # refuse a model that cannot fit before any weight is allocated
     if config.parallel.tensor_parallel_size > 1:
         from tritongen.parallel.executor import TensorParallelRunner
 
