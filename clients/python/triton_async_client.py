@@ -21,7 +21,8 @@ try:
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 except ImportError as exc:  # one line, not a traceback
-    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[grpc]' (or tritongen's extra: pip install -e '.[clients]')")
+    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[grpc]' "
+             "(or tritongen's extra: pip install -e '.[clients]')")
 
 
 def make_inputs(prompt: str, sampling: dict) -> list:

@@ -23,7 +23,8 @@ try:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 except ImportError as exc:  # one line, not a traceback
-    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[http]' (or tritongen's extra: pip install -e '.[clients]')")
+    sys.exit(f"{exc.name} is missing: pip install 'tritonclient[http]' "
+             "(or tritongen's extra: pip install -e '.[clients]')")
 
 
 def via_generate(url: str, model: str, prompt: str, sampling: dict, timeout: float) -> str:

@@ -46,6 +46,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tritongen.bench.datasets import load_dataset
     from tritongen.bench.results import format_summary, parse_goodput, records_to_json
 
+    if args.plot:
+        from tritongen.bench.plots import require_matplotlib
+
+        require_matplotlib()
     slos = parse_goodput(args.goodput)
     levels = _concurrency_levels(args)
     tokenizer = load_bench_tokenizer(args)

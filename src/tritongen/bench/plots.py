@@ -17,6 +17,11 @@ def _pyplot():
     return plt
 
 
+def require_matplotlib() -> None:
+    """Import matplotlib now, so that a missing one is reported before the benchmark runs, not after."""
+    _pyplot()
+
+
 def _latency_series(records: list[RequestRecord]) -> dict[str, list[float]]:
     ok = [r for r in records if r.ok]
     return {
