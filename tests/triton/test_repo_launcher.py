@@ -107,3 +107,108 @@ def test_serve_command_end_to_end(tmp_path, default_model_dir):
     assert code == 0
     for port in (http, grpc, metrics):
         assert port_is_free(port)
+
+
+def test_repo_writes_max_queue_parameter(tmp_path):
+    from tritongen.cli import main
+
+    assert main(["repo", "--model", "dummy:tiny-llama", "--out", str(tmp_path / "a")]) == 0
+    assert 'key: "max_queue" value: { string_value: "4096" }' in (tmp_path / "a" / "llm" / "config.pbtxt").read_text()
+    assert main(["repo", "--model", "dummy:tiny-llama", "--out", str(tmp_path / "b"), "--max-queue", "0"]) == 0
+    assert 'key: "max_queue" value: { string_value: "0" }' in (tmp_path / "b" / "llm" / "config.pbtxt").read_text()
+    assert "max_queue" not in (tmp_path / "b" / "llm_bls" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match="max_queue"):
+        write_repository(tmp_path / "c", {"model": "dummy:tiny-llama"}, max_queue=-1)
+
+
+@pytest.mark.parametrize("model, words", [
+    ("dummy:no-such-preset", "unknown dummy preset 'dummy:no-such-preset'"),
+    ("/nonexistent/model/dir", "no such directory"),
+    ("EMPTY", "has no config.json"),
+])
+def test_serve_refuses_a_bad_model_before_starting(tmp_path, capsys, model, words):
+    from tritongen.cli import main
+
+    if model == "EMPTY":
+        model = str(tmp_path)
+    began = time.monotonic()
+    assert main(["serve", "--model", model, "--repo-dir", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert time.monotonic() - began < 5 and not (tmp_path / "repo").exists()  # nothing was started or written
+
+
+def test_serve_refuses_a_busy_port_in_one_line(tmp_path, capsys):
+    import socket
+
+    from tritongen.cli import main
+    from triton_helpers import free_ports
+
+    http, grpc = free_ports(2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", "dummy:tiny-llama", "--http-port", str(http), "--grpc-port", str(grpc),
+                     "--metrics-port", str(port), "--repo-dir", str(tmp_path / "repo")]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} (--metrics-port)" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "repo").exists()
+    assert main(["serve", "--model", "dummy:tiny-llama", "--http-port", str(http), "--grpc-port", str(http)]) == 2
+    assert "both" in capsys.readouterr().err
+
+
+def test_cpu_start_has_no_gpu_alarms(triton):
+    """The shared server ran on CPU with CPU_ARGS: no NVML/DCGM/pinned-memory lines in its log."""
+    if launcher.has_gpu():
+        pytest.skip("a GPU machine")
+    assert all(arg in triton.server.command_line for arg in launcher.CPU_ARGS)
+    log = Path(triton.server.log_file).read_text(errors="replace")
+    assert "Started HTTPService" in log
+    for alarm in ("Failed to initialize NVML", "DCGM unable to start", "Unable to allocate pinned system memory"):
+        assert alarm not in log
+
+
+def _fake_stub(tmp_path, parent_pid: int):
+    """A process whose /proc cmdline looks like a stub of tritonserver `parent_pid` (argv[0] ends in
+    triton_python_backend_stub, argv[1] repo/<model>/1/model.py, argv[2] its shm region, argv[5] the parent)."""
+    model_py = tmp_path / "repo" / "llm" / "1" / "model.py"
+    model_py.parent.mkdir(parents=True)
+    model_py.write_text("import time\ntime.sleep(120)\n")
+    region = f"triton_python_backend_shm_region_tritongen-test-{os.getpid()}-{parent_pid}"
+    (launcher.SHM_DIR / region).write_bytes(b"x")
+    argv = [str(tmp_path / launcher.STUB_NAME), str(model_py), region, "1048576", "1048576", str(parent_pid)]
+    return subprocess.Popen(argv, executable=sys.executable), region
+
+
+def test_leftover_stubs_are_found_by_parent_pid_and_reaped(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", "pass"])
+    parent.wait()  # a tritonserver that is gone: its stub is an orphan
+    proc, region = _fake_stub(tmp_path, parent.pid)
+    try:
+        deadline = time.monotonic() + 10
+        while not launcher.find_stubs(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [stub] = launcher.find_stubs(parent.pid)
+        assert (stub.pid, stub.model, stub.shm_region, stub.zombie) == (proc.pid, "llm", region, False)
+        assert launcher.find_stubs(parent.pid + 1_000_000) == []
+        assert launcher.reap_stubs([stub]) == [proc.pid]
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+        assert not (launcher.SHM_DIR / region).exists()
+    finally:
+        proc.kill()
+        (launcher.SHM_DIR / region).unlink(missing_ok=True)
+
+
+def test_reap_leaves_a_reused_pid_alone(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", "pass"])
+    parent.wait()
+    proc, region = _fake_stub(tmp_path, parent.pid)
+    try:
+        time.sleep(0.3)
+        [stub] = launcher.find_stubs(parent.pid)
+        other = launcher.StubProcess(stub.pid, stub.model, "", ("something", "else"), False)
+        assert launcher.reap_stubs([other]) == [] and proc.poll() is None
+    finally:
+        proc.kill()
+        (launcher.SHM_DIR / region).unlink(missing_ok=True)

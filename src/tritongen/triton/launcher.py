@@ -60,6 +60,14 @@ def find_tritonserver() -> TritonInstall:
     return TritonInstall(binary, (str(libs),) if libs.is_dir() else (), root)
 
 
+def has_tritonserver() -> bool:
+    try:
+        find_tritonserver()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _make_executable(path: Path) -> None:
     mode = path.stat().st_mode
     if not mode & stat.S_IXUSR:
