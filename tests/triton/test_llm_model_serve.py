@@ -187,3 +187,30 @@ def test_control_token_file_is_private_and_names_this_process(tmp_path, monkeypa
 def test_json_depth_skips_brackets_in_strings():
     assert codec._json_depth(json.dumps({"stop": ["[[[[[[[[[[[[", "{{{{{{"]})) == 2
     assert codec._json_depth('{"a": "\\"[[[["}') == 1
+
+
+def test_drain_file_ends_requests_in_flight_unavailable_and_stops_metrics(tmp_path):
+    drain = tmp_path / "draining"
+    m = model(Engine(tokens=1000, delay=0.01))
+    m._drain_file = str(drain)
+    sink = m.metrics
+    m.metrics = llm_model._UnlessClosing(sink, m)
+    requests = [text_request() for _ in range(3)]
+
+    async def go():
+        watcher = asyncio.ensure_future(m._watch())
+        tasks = [asyncio.ensure_future(m._serve(r)) for r in requests]
+        await asyncio.sleep(0.2)
+        before = dict(sink.counts)
+        drain.touch()
+        await asyncio.wait_for(asyncio.gather(*tasks), 2.0)  # at once, not after 1000 tokens
+        late = text_request()
+        await m._serve(late)
+        await asyncio.sleep(0.3)
+        watcher.cancel()
+        return late, before
+    late, before = asyncio.run(go())
+    for r in requests + [late]:
+        error = only_final(r.sender.finals()).error()
+        assert error.code() == pb.TritonError.UNAVAILABLE and "shutting down" in error.message()
+    assert sink.counts == before  # no metric round trip once closing

@@ -20,6 +20,13 @@ from typing import Optional
 TOKEN_PARAMETER = "tritongen_control_token"
 """Request parameter that carries the token on a control request."""
 
+DRAIN_FILE_ENV = "TRITONGEN_DRAIN_FILE"
+"""Set by `tritongen serve` in tritonserver's environment (the stubs inherit it): a path the
+launcher creates just before it asks the server to stop. Triton never tells a model that the
+server is stopping (finalize runs only after every in-flight request has ended), so the engine
+model reads this once at load and watches the file: when it appears, in-flight requests end with
+UNAVAILABLE at once and metric updates stop (each is a round trip to a server that is going)."""
+
 
 def token_path(model_name: str, server_pid: Optional[int] = None) -> Path:
     """Where the engine model `model_name` of the server `server_pid` (default: our parent)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tritongen.triton.control import DRAIN_FILE_ENV  # the launcher's side of the drain contract
+
 
 @dataclass(frozen=True)
 class TritonInstall:
@@ -125,10 +127,6 @@ unconditionally when it finds no driver (core server.cc, no flag turns it off); 
 
 CPU_NOTE = "on CPU tritonserver's 'CudaDriverHelper has not been initialized' line is harmless"
 
-DRAIN_FILE_ENV = "TRITONGEN_DRAIN_FILE"
-"""Path the launcher creates just before it asks tritonserver to stop. Triton never tells a model
-that the server is stopping (finalize runs only after every in-flight request has ended), so the
-engine model polls this file and ends its in-flight requests with UNAVAILABLE when it appears."""
 
 STUB_NAME = "triton_python_backend_stub"
 SHM_DIR = Path("/dev/shm")

@@ -65,7 +65,9 @@ class TritonPythonModel:
         self._closing = False
         self._control_token = control.publish_token(args["model_name"])
         self._model_name = args["model_name"]
-        self.metrics = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        sink = TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+        self.metrics = _UnlessClosing(sink, self)
+        self._drain_file = os.environ.get(control.DRAIN_FILE_ENV) or None
         self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
@@ -213,6 +215,8 @@ class TritonPythonModel:
         ticks_per_gauge = max(1, round(_GAUGE_INTERVAL_S / _WATCH_INTERVAL_S))
         for tick in itertools.count():
             await asyncio.sleep(_WATCH_INTERVAL_S)
+            if not self._closing and self._drain_file and os.path.exists(self._drain_file):
+                self._drain()
             for request_id, active in list(self._active.items()):
                 try:
                     cancelled = active.sender.is_cancelled()
@@ -224,11 +228,42 @@ class TritonPythonModel:
             if tick % ticks_per_gauge == 0:
                 self._update_gauges()
 
+    def _drain(self) -> None:
+        """The server is stopping: refuse new requests, end every one in flight (UNAVAILABLE)."""
+        logger.info("the server is stopping: ending %d requests in flight", len(self._active))
+        self._closing = True
+        for request_id, active in list(self._active.items()):
+            del self._active[request_id]
+            active.task.cancel()
+
     def _update_gauges(self) -> None:
+        if self._closing:
+            return
         try:
             update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
+
+
+class _UnlessClosing:
+    """The metrics sink, silent once the model is closing: every update is a blocking round trip
+    to the server, and a server that is stopping may never answer (python_backend waits without a
+    timeout), which would hang the thread that made it and the unload behind it."""
+
+    def __init__(self, sink, model: "TritonPythonModel") -> None:
+        self._sink, self._model = sink, model
+
+    def observe(self, name: str, value: float) -> None:
+        if not self._model._closing:
+            self._sink.observe(name, value)
+
+    def increment(self, name: str, value: float, labels: Optional[dict] = None) -> None:
+        if not self._model._closing:
+            self._sink.increment(name, value, labels)
+
+    def set_gauge(self, name: str, value: float) -> None:
+        if not self._model._closing:
+            self._sink.set_gauge(name, value)
 
 
 class _Rejected(Exception):
