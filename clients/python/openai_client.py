@@ -3,7 +3,9 @@
 
     python clients/python/openai_client.py --base-url http://127.0.0.1:9000/v1 --prompt "Hello"
 
-Prints one completion, then streams a chat answer token by token, then the usage.
+Prints one completion, then streams a chat answer token by token, then the usage. A completion
+continues its prompt as raw text (no chat template), so it gets a prompt to continue; the chat
+answers the question.
 """
 from __future__ import annotations
 
@@ -21,14 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-url", default="http://127.0.0.1:9000/v1")
     p.add_argument("--api-key", default="none", help="the server's --api-key, if it has one")
     p.add_argument("--model", default=None, help="default: the first model the server lists")
-    p.add_argument("--prompt", default="What is the capital of France?")
+    p.add_argument("--prompt", default="What is the capital of France?", help="the chat question")
+    p.add_argument("--completion-prompt", default="The capital of France is", help="the text the completion continues")
     p.add_argument("--max-tokens", type=int, default=32)
     args = p.parse_args(argv)
 
     client = OpenAI(base_url=args.base_url, api_key=args.api_key)
     model = args.model or client.models.list().data[0].id
 
-    completion = client.completions.create(model=model, prompt=args.prompt, max_tokens=args.max_tokens,
+    completion = client.completions.create(model=model, prompt=args.completion_prompt, max_tokens=args.max_tokens,
                                            temperature=0)
     print(f"completion: {completion.choices[0].text!r} (finish_reason={completion.choices[0].finish_reason})")
 

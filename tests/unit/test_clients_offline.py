@@ -83,7 +83,7 @@ def test_stream_client_prints_ttft_only_after_a_token(monkeypatch, capsys, texts
 
 
 def test_clients_default_to_a_prompt_the_raw_text_path_continues():
-    for name in ("triton_stream_client", "triton_http_client", "triton_async_client"):
+    for name in ("triton_stream_client", "triton_http_client", "triton_async_client", "openai_client"):
         source = (CLIENTS / "python" / f"{name}.py").read_text()
         assert 'default="The capital of France is"' in source, name
 
