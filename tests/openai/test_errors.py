@@ -55,6 +55,23 @@ CASES = [
     (ch(response_format={"type": "json_object"}), 400, "response_format"),
     (ch(max_completion_tokens=10 ** 6, stream=True), 400, "max_tokens"),
     (ch(model="nope"), 404, "model"),
+    # strict types, as the OpenAI API's (issue 21 item 10): no "4" or true for an integer
+    (c(max_tokens="4"), 400, "max_tokens"),
+    (c(max_tokens=True), 400, "max_tokens"),
+    (c(max_tokens=4.0), 400, "max_tokens"),
+    (c(temperature="0.5"), 400, "temperature"),
+    (c(temperature=True), 400, "temperature"),
+    (c(prompt=[True, False]), 400, "prompt"),
+    (c(prompt=[[1, True]]), 400, "prompt"),
+    (c(stream="true"), 400, "stream"),
+    (c(echo=1), 400, "echo"),
+    (c(n=0), 400, "n"),
+    (c(best_of=-1), 400, "best_of"),
+    (ch(messages=[{"role": "bogus", "content": "x"}]), 400, "messages"),
+    (ch(messages=[{"role": "", "content": "x"}]), 400, "messages"),
+    (ch(messages=[{"role": "user", "content": 5}]), 400, "messages"),
+    (ch(logprobs=1), 400, "logprobs"),
+    (ch(stream_options={"include_usage": "yes"}, stream=True), 400, "stream_options"),
 ]
 
 
@@ -70,6 +87,22 @@ def test_bad_parameters(server, request_, status, param):
     path, body = request_
     err = check_shape(httpx.post(server.url + path, json=body), status)
     assert err["param"] == param, err
+
+
+def test_type_errors_say_what_was_expected(server):
+    err = check_shape(httpx.post(server.url + "/v1/completions", json=c(n=0)[1]), 400)
+    assert "greater than or equal to 1" in err["message"] and "n > 1" not in err["message"], err
+    err = check_shape(httpx.post(server.url + "/v1/completions", json=c(max_tokens="4")[1]), 400)
+    assert "valid integer" in err["message"], err
+    err = check_shape(httpx.post(server.url + "/v1/chat/completions",
+                                 json=ch(messages=[{"role": "bogus", "content": "x"}])[1]), 400)
+    assert "role" in err["message"] and "'user'" in err["message"], err
+
+
+def test_ints_are_valid_floats(client):
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=1, top_p=1,
+                                  presence_penalty=0, extra_body={"min_p": 0, "repetition_penalty": 1})
+    assert r.usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize("raw", [b"{bad json", b"[]", b"null", b"\xff\xfe", b'{"prompt": "x", "temperature": NaN}', b""])

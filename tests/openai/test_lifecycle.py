@@ -89,7 +89,7 @@ def test_503_when_the_waiting_queue_is_full():
                     assert rb.status_code == 200  # admitted: nobody was waiting
                     assert wait_for(lambda: metric(srv.url, "tritongen_num_requests_waiting") == 1)
                     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
-                    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+                    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
                     with pytest.raises(openai.APIStatusError) as info:
                         openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0).chat.completions.create(
                             model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1)

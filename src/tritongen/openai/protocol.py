@@ -2,7 +2,8 @@
 
 Requests ignore unknown fields, as OpenAI-compatible servers usually do, so that newer SDKs keep
 working. Fields we cannot honour are declared so that serving.py can reject them with a clear 400
-instead of silently ignoring them.
+instead of silently ignoring them. Types are strict, as the OpenAI API's are: "4" or true is not
+an integer, 1 is not a boolean (an int is still a valid float).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class StreamOptions(_Request):
@@ -37,8 +38,8 @@ class _SamplingFields(_Request):
     stop_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    n: Optional[int] = None
-    best_of: Optional[int] = None
+    n: Optional[int] = Field(None, ge=1)
+    best_of: Optional[int] = Field(None, ge=1)
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False
@@ -62,8 +63,11 @@ class ContentPart(_Request):
     text: Optional[str] = None
 
 
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
 class ChatMessage(_Request):
-    role: str
+    role: Role
     content: Optional[Union[str, list[ContentPart]]] = None
     name: Optional[str] = None
 

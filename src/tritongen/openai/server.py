@@ -1,12 +1,14 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an in-process AsyncLLM.
 
 Routes only translate (serving.py) and move bytes. Every error leaves as OpenAI's
-{"error": {"message", "type", "param", "code"}}; bad input is a 4xx, never a 500.
+{"error": {"message", "type", "param", "code"}} (DESIGN.md, "Failure contract"): bad input is a
+4xx, never a 500; a full server or a dead engine is a 503 `service_unavailable`, never a 400; a
+request that fails inside the engine is a 500 `server_error`. Parsing large bodies and tokenizing
+run off the event loop, so /health answers while a big prompt is read.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -22,6 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tritongen.entrypoints.async_engine import AsyncLLM, EngineDeadError
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.openai import serving
+from tritongen.openai.admission import Admission, engine_max_num_seqs
+from tritongen.openai.body import parse_json
 from tritongen.openai.observability import PrometheusSink
 from tritongen.openai.protocol import (
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -34,6 +38,11 @@ from tritongen.types import RequestOutput, SamplingParams
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+_INLINE_PARSE_BYTES = 256 << 10  # bodies above this are parsed in a worker thread, not on the loop
+
+
+class EngineRequestError(RuntimeError):
+    """One request failed inside the engine (its own data); the others go on. A 500."""
 
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
@@ -101,32 +110,43 @@ class SSEResponse(StreamingResponse):
     def __init__(self, content) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = None
+        """Called once the response is over, however it ended (admission slots go back here: a
+        stream cancelled before its first event never runs its generator's finally)."""
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as tg:
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:
-                    pass  # the client went away while we were writing
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass  # the client went away while we were writing
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
+                tg.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            if self.on_close is not None:
+                self.on_close()
 
 
 class OpenAIServer:
     """Per-app state: the engine, the served name, metrics. Handlers are its methods."""
 
-    def __init__(self, engine: AsyncLLM, served_model_name: str, api_key: Optional[str], max_queue: int) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_name: str, api_key: Optional[str], max_queue: int,
+                 max_num_seqs: Optional[int] = None) -> None:
         self.engine = engine
         self.model_name = served_model_name
         self.api_key = api_key
-        self.max_queue = max_queue
         self.metrics = PrometheusSink(served_model_name)
+        self.admission = Admission(engine_max_num_seqs(engine, max_num_seqs), max_queue, self.metrics)
         self._counted: dict[str, float] = {}  # engine counters already exported
         self.text_of = serving.TokenText(engine.tokenizer)
+        self.max_model_len = engine.max_model_len
+        self.max_prompt_chars = serving.max_chars_per_token(engine.tokenizer) * self.max_model_len
+        """Longer text cannot fit in max_model_len tokens: refused before tokenizing."""
 
     # -- checks shared by the generation routes ----------------------------------------------
 
@@ -143,37 +163,50 @@ class OpenAIServer:
             raise RequestError(f"model {name!r} does not exist; this server serves {self.model_name!r}",
                                "model", status=404, code="model_not_found")
 
-    def check_capacity(self) -> None:
+    def check_running(self) -> None:
         if not self.engine.is_running:
-            raise RequestError("the engine is not running", status=503, type="server_error",
+            raise RequestError("the engine is not running", status=503, type="service_unavailable",
                                code="engine_unavailable")
-        waiting = self.engine.stats()["num_waiting"]
-        if waiting >= self.max_queue:
-            raise RequestError(f"server overloaded: {waiting} requests waiting (limit {self.max_queue}); retry later",
-                               status=503, type="server_error", code="overloaded")
 
     async def parse(self, request: Request, model_cls: type[BaseModel]):
         self.check_auth(request)
         raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"malformed JSON body: {exc}") from None
+        if len(raw) > _INLINE_PARSE_BYTES:
+            body = await asyncio.to_thread(parse_json, raw)
+        else:
+            body = parse_json(raw)
         try:
             req = model_cls.model_validate(body)
         except ValidationError as exc:
             raise RequestError(*_describe(exc)) from None
         self.check_model(req.model)
-        self.check_capacity()
+        self.check_running()
         return req
+
+    async def admitted(self, slots: int, respond) -> Response:
+        """Hold `slots` admission slots while `respond()` builds the response and, for a stream,
+        until the stream is over; a 503 at once when they do not fit."""
+        ticket = self.admission.admit(slots)
+        try:
+            response = await respond()
+        except BaseException:
+            ticket.release()
+            raise
+        if isinstance(response, SSEResponse):
+            response.on_close = ticket.release
+        else:
+            ticket.release()
+        return response
 
     def tokenize(self, prompt) -> list[int]:
         return self.engine.engine.tokenize(prompt)
 
     # -- generation ---------------------------------------------------------------------------
 
-    async def outputs(self, ids: list[int], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
-        """Engine outputs with metrics; an internal engine failure surfaces as RuntimeError."""
+    async def outputs(self, ids: list[int], params: SamplingParams, request_id: str,
+                      ended: Optional[set[str]] = None) -> AsyncIterator[RequestOutput]:
+        """Engine outputs with metrics; a failure inside the engine surfaces as EngineRequestError.
+        request_id goes into `ended` once its end (finish or abort) is counted."""
         timer = RequestTimer()
         finished = False
         try:
@@ -181,51 +214,69 @@ class OpenAIServer:
                 timer.on_output(out, self.metrics)
                 finished = out.finished
                 if out.error:
-                    raise RuntimeError(out.error)
+                    raise EngineRequestError(out.error)
                 yield out
         finally:
             if not finished:  # client left (or the engine died): count it as aborted
-                self.metrics.increment("tritongen_request_success_total", 1, {"finish_reason": "abort"})
+                self._count_abort()
+            if ended is not None:
+                ended.add(request_id)
 
-    async def final(self, ids: list[int], params: SamplingParams, request_id: str) -> RequestOutput:
+    def _count_abort(self) -> None:
+        self.metrics.increment("tritongen_request_success_total", 1, {"finish_reason": "abort"})
+
+    async def final(self, ids: list[int], params: SamplingParams, request_id: str,
+                    ended: Optional[set[str]] = None) -> RequestOutput:
         last = None
-        async for last in self.outputs(ids, params, request_id):
+        async for last in self.outputs(ids, params, request_id, ended):
             pass
         return last
 
+    async def finals(self, request: Request, runs: list[tuple[list[int], SamplingParams, str]]):
+        """The last output of each (ids, params, request_id), generated together; None if the
+        client left first, with every one of them aborted and counted as such."""
+        ended: set[str] = set()
+        outs = await self.until_disconnect(
+            request, asyncio.gather(*(self.final(ids, params, rid, ended) for ids, params, rid in runs)))
+        if outs is None:
+            for _, _, rid in runs:
+                if rid not in ended:  # cancelled before it reached the engine
+                    self._count_abort()
+        return outs
+
     async def until_disconnect(self, request: Request, coro):
-        """Run coro; cancel it (aborting its engine requests) if the client disconnects first."""
+        """Run coro; None if the client disconnects first, after cancelling coro and waiting for
+        it, so that its engine requests are aborted (blocks freed, "abort" counted) by then."""
         work = asyncio.ensure_future(coro)
-
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        watcher = asyncio.ensure_future(watch())
+        watcher = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watcher.cancel()
             if not work.done():
                 work.cancel()
-        if work.cancelled():
-            return None
+                # wait() never raises the task's CancelledError; our own cancellation still does.
+                await asyncio.wait({work})
+        if work.cancelled() or (watcher.done() and not watcher.cancelled() and work.exception() is not None):
+            return None  # the client left: nobody to tell how it ended
         return work.result()
 
     async def completions(self, request: Request) -> Response:
         req = await self.parse(request, CompletionRequest)
-        jobs = serving.completion_jobs(req, self.tokenize, self.engine.max_model_len)
+        prompts = serving.completion_prompts(req.prompt)
+        if req.stream and len(prompts) != 1:
+            raise RequestError("streaming supports a single prompt per request", "prompt")
+        serving.check_prompt_sizes(prompts, self.max_prompt_chars, self.max_model_len)
+        return await self.admitted(len(prompts), lambda: self._completions(request, req))
+
+    async def _completions(self, request: Request, req: CompletionRequest) -> Response:
+        jobs = await asyncio.to_thread(serving.completion_jobs, req, self.tokenize, self.max_model_len)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
-            if len(jobs) != 1:
-                raise RequestError("streaming supports a single prompt per request", "prompt")
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(self._stream_completion(jobs[0], rid, include_usage))
 
-        async def run_all():
-            return await asyncio.gather(*(self.final(j.prompt_ids, j.params, f"{rid}-{j.index}") for j in jobs))
-
-        outs = await self.until_disconnect(request, run_all())
+        outs = await self.finals(request, [(j.prompt_ids, j.params, f"{rid}-{j.index}") for j in jobs])
         if outs is None:
             return Response(status_code=499)
         choices = [serving.CompletionStream(j, self.text_of).full(o) for j, o in zip(jobs, outs)]
@@ -244,7 +295,7 @@ class OpenAIServer:
                 choice = conv.delta(last)
                 if choice is not None:
                     yield _sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[choice]))
-        except (RuntimeError, RequestError) as exc:
+        except (RuntimeError, RequestError) as exc:  # EngineRequestError, EngineDeadError
             yield _sse(_stream_error(exc))
         if include_usage and last is not None:
             yield _sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[],
@@ -254,20 +305,28 @@ class OpenAIServer:
     async def chat(self, request: Request) -> Response:
         req = await self.parse(request, ChatCompletionRequest)
         messages = serving.chat_messages(req)
+        serving.check_chat_size(req, self.max_prompt_chars, self.max_model_len)
+        return await self.admitted(1, lambda: self._chat(request, req, messages))
+
+    def _chat_ids(self, req: ChatCompletionRequest, messages: list[dict]) -> list[int]:
         try:
             from tritongen.tokenizer import chat_prompt_ids
 
-            ids = chat_prompt_ids(self.engine.tokenizer, messages, req.add_generation_prompt)
+            return chat_prompt_ids(self.engine.tokenizer, messages, req.add_generation_prompt)
         except Exception as exc:  # jinja raise_exception(), missing template, bad roles
             raise RequestError(f"cannot apply the chat template: {exc}", "messages") from None
-        params = serving.chat_params(req, len(ids), self.engine.max_model_len)
+
+    async def _chat(self, request: Request, req: ChatCompletionRequest, messages: list[dict]) -> Response:
+        ids = await asyncio.to_thread(self._chat_ids, req, messages)
+        params = serving.chat_params(req, len(ids), self.max_model_len)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(self._stream_chat(ids, params, rid, include_usage))
-        out = await self.until_disconnect(request, self.final(ids, params, rid))
-        if out is None:
+        outs = await self.finals(request, [(ids, params, rid)])
+        if outs is None:
             return Response(status_code=499)
+        out = outs[0]
         logprobs = serving.chat_logprobs(self.text_of, out.logprobs) if out.logprobs is not None else None
         choice = ChatChoice(index=0, message=AssistantMessage(content=out.text), logprobs=logprobs,
                             finish_reason=out.finish_reason)
@@ -289,7 +348,7 @@ class OpenAIServer:
                        if last.delta_logprobs else None)
                 if last.delta_text or last.finished or lps:
                     yield chunk(DeltaMessage(content=last.delta_text), last.finish_reason, lps)
-        except (RuntimeError, RequestError) as exc:
+        except (RuntimeError, RequestError) as exc:  # EngineRequestError, EngineDeadError
             yield _sse(_stream_error(exc))
         if include_usage and last is not None:
             yield _sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
@@ -305,12 +364,18 @@ class OpenAIServer:
     async def health(self, request: Request) -> Response:
         if self.engine.is_running:
             return Response("{}", media_type="application/json")
-        return error_response(503, "the engine is not running", "server_error", code="engine_unavailable")
+        return error_response(503, "the engine is not running", "service_unavailable", code="engine_unavailable")
 
     async def prometheus(self, request: Request) -> Response:
         update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         body, content_type = self.metrics.exposition()
         return Response(body, media_type=content_type)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read before, so only http.disconnect comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _bad_input_as_400(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
@@ -339,14 +404,19 @@ def _describe(exc: ValidationError) -> tuple[str, Optional[str]]:
 
 def _stream_error(exc: Exception) -> ErrorResponse:
     """An error after the stream started (engine failure): sent as one event before [DONE]."""
+    if isinstance(exc, EngineDeadError):
+        return ErrorResponse(error=ErrorInfo(message=str(exc), type="service_unavailable", code="engine_unavailable"))
     return ErrorResponse(error=ErrorInfo(message=str(exc), type="server_error", code="engine_error"))
 
 
 def build_app(engine: AsyncLLM, *, served_model_name: Optional[str] = None, api_key: Optional[str] = None,
-              max_queue: int = 4096, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app serving `engine`; the caller owns the engine (and shuts it down)."""
+              max_queue: int = 4096, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              max_num_seqs: Optional[int] = None) -> FastAPI:
+    """The FastAPI app serving `engine`; the caller owns the engine (and shuts it down). At most
+    max_num_seqs + max_queue engine requests are admitted at once (max_num_seqs: the engine's own
+    when it runs in this process)."""
     name = served_model_name or model_name_for(None)
-    server = OpenAIServer(engine, name, api_key, max_queue)
+    server = OpenAIServer(engine, name, api_key, max_queue, max_num_seqs)
     app = FastAPI(title="tritongen OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
     app.add_api_route("/v1/completions", server.completions, methods=["POST"])
@@ -365,7 +435,12 @@ def build_app(engine: AsyncLLM, *, served_model_name: Optional[str] = None, api_
 
     @app.exception_handler(EngineDeadError)
     async def _engine_dead(request: Request, exc: EngineDeadError) -> Response:
-        return error_response(503, str(exc), "server_error", code="engine_unavailable")
+        return error_response(503, str(exc), "service_unavailable", code="engine_unavailable")
+
+    @app.exception_handler(EngineRequestError)
+    async def _engine_request_failed(request: Request, exc: EngineRequestError) -> Response:
+        logger.warning("request failed in the engine: %s", exc)  # the engine logged the traceback
+        return error_response(500, f"engine error: {exc}", "server_error", code="engine_error")
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
@@ -377,20 +452,10 @@ def build_app(engine: AsyncLLM, *, served_model_name: Optional[str] = None, api_
 
 
 def serve(args) -> int:
-    """`tritongen serve --frontend openai`: build the engine, run uvicorn until interrupted."""
-    import uvicorn
-    from tritongen.cli import engine_kwargs
+    """`tritongen serve --frontend openai` (launch.py: listen, load, serve until a signal)."""
+    from tritongen.openai.launch import serve as launch
 
-    kwargs = engine_kwargs(args)
-    engine = AsyncLLM(**kwargs)
-    name = args.served_model_name or model_name_for(kwargs.get("model"))
-    app = build_app(engine, served_model_name=name, api_key=args.api_key, max_queue=args.max_queue,
-                    max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
-    finally:
-        engine.shutdown()
-    return 0
+    return launch(args)
 
 
 def model_name_for(model: Optional[str]) -> str:

@@ -20,6 +20,7 @@ PromptInput = Union[str, list[int]]
 MIN_LOGPROB = -9999.0
 _SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
 _PARAM_NAMES = {f for f in SamplingParams.__dataclass_fields__}
+_FALLBACK_CHARS_PER_TOKEN = 256  # for a tokenizer that cannot list its vocabulary: generous
 
 
 class RequestError(Exception):
@@ -86,6 +87,47 @@ def check_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) ->
             f"This model's maximum context length is {max_model_len} tokens, but {num_prompt_tokens} "
             f"prompt tokens plus max_tokens={max_tokens} make {num_prompt_tokens + max_tokens}; "
             "lower max_tokens or shorten the prompt", "max_tokens", code="context_length_exceeded")
+
+
+def max_chars_per_token(tokenizer) -> int:
+    """The most characters one token of `tokenizer` can stand for: its longest vocabulary entry.
+
+    A vocabulary entry is at least as long as the text it decodes to (byte-level BPE spells each
+    byte as one character, and a character is at least one byte; SentencePiece spells a space as
+    one "▁"; byte-fallback entries like <0x41> are longer than their text), so a prompt of C
+    characters has at least C / this many tokens. The exception is a normalizer that deletes or
+    merges characters before tokenizing; none of the tokenizers we ship has one."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return _FALLBACK_CHARS_PER_TOKEN
+    return max((len(t) for t in vocab), default=_FALLBACK_CHARS_PER_TOKEN) or 1
+
+
+def check_text_size(num_chars: int, max_chars: int, max_model_len: int, param: str) -> None:
+    """Refuse text that cannot fit in max_model_len tokens, by its length alone: before tokenizing
+    it, which for megabytes of text takes seconds and gigabytes (issue 21, item 12)."""
+    if num_chars > max_chars:
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens; {num_chars} characters of "
+            f"{param} make more than that whatever they say (the limit is {max_chars} characters)",
+            param, code="context_length_exceeded")
+
+
+def check_prompt_sizes(prompts: list[PromptInput], max_chars: int, max_model_len: int) -> None:
+    for p in prompts:
+        if isinstance(p, str):
+            check_text_size(len(p), max_chars, max_model_len, "prompt")
+
+
+def check_chat_size(req: ChatCompletionRequest, max_chars: int, max_model_len: int) -> None:
+    total = 0
+    for m in req.messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content:
+            total += sum(len(p.text or "") for p in m.content)
+    check_text_size(total, max_chars, max_model_len, "messages")
 
 
 def completion_prompts(prompt) -> list[PromptInput]:
