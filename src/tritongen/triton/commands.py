@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from tritongen.triton import control
 from tritongen.triton.launcher import CPU_NOTE, TritonServer
 
 DEFAULT_MAX_QUEUE = 4096
@@ -160,21 +161,31 @@ class Supervisor:
 
     def _watch(self) -> Optional[str]:
         """Poll until a stop (None) or a death (its description)."""
-        seen: Optional[int] = None
         misses = 0
         while not self.stop.wait(self.poll_s):
             if self.server.process.poll() is not None:
                 return f"tritonserver exited with code {self.server.process.returncode}"
-            live = [s.pid for s in self.server.poll_stubs() if s.model == self.model and not s.zombie]
-            if live:
-                seen, misses = live[0], 0
+            if self._engine_stub() is not None:
+                misses = 0
                 continue
             misses += 1
-            # Two polls in a row, and Triton still calls the model ready: not an unload or reload
-            # through the repository API (those take the model out of READY before the stub goes).
-            if seen is not None and misses >= 2 and self.server.is_ready(self.model):
-                return f"the stub process of model {self.model!r} (pid {seen}) died"
+            # No live stub two polls in a row while Triton calls the model ready: a READY model
+            # always has its stub (it may die before the first poll), and an unload or reload
+            # through the repository API takes the model out of READY before its stub goes.
+            if misses >= 2 and self.server.is_ready(self.model):
+                pid = control.engine_pid(self.model, self.server.process.pid)
+                return f"the stub process of model {self.model!r} (pid {pid if pid else '?'}) died"
         return None
+
+    def _engine_stub(self) -> Optional[int]:
+        """The pid of the engine model's live stub, or None. The stub records its pid when it loads
+        (triton/control.py); that pid is checked directly. A /proc scan (which also remembers every
+        stub for stop()) is the fallback for an engine model that records none."""
+        live = [s.pid for s in self.server.poll_stubs() if s.model == self.model and not s.zombie]
+        recorded = control.engine_pid(self.model, self.server.process.pid)
+        if recorded is not None:
+            return recorded if control.process_alive(recorded) else None
+        return live[0] if live else None
 
     def _may_restart(self, reason: str) -> bool:
         now = time.monotonic()

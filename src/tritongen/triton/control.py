@@ -50,9 +50,9 @@ def publish_token(model_name: str) -> str:
     return token
 
 
-def _read(model_name: str) -> list[str]:
+def _read(model_name: str, server_pid: Optional[int] = None) -> list[str]:
     try:
-        return token_path(model_name).read_text().split()
+        return token_path(model_name, server_pid).read_text().split()
     except OSError:
         return []
 
@@ -63,9 +63,10 @@ def read_token(model_name: str) -> Optional[str]:
     return parts[0] if parts else None
 
 
-def engine_pid(model_name: str) -> Optional[int]:
-    """The pid of the stub that hosts the engine model `model_name`, None if it has not loaded."""
-    parts = _read(model_name)
+def engine_pid(model_name: str, server_pid: Optional[int] = None) -> Optional[int]:
+    """The pid of the stub that hosts the engine model `model_name` of the server `server_pid`
+    (default: our parent), None if it has not loaded."""
+    parts = _read(model_name, server_pid)
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from tritongen.triton import control
 from tritongen.triton.control import DRAIN_FILE_ENV  # the launcher's side of the drain contract
 
 
@@ -341,6 +342,8 @@ class TritonServer:
         if proc is not None:
             self.poll_stubs()  # orphans keep the server's pid in their argv
             reap_stubs(list(self.stubs.values()))
+            for stale in control.token_path("*", proc.pid).parent.glob(f"{proc.pid}-*.token"):
+                stale.unlink(missing_ok=True)  # a stub killed before its finalize leaves its file
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
