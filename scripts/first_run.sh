@@ -73,14 +73,14 @@ wait_ready() {
 }
 
 if [[ $INSTALL == 1 ]]; then
-    say "fresh clone and install (README: pip install torch==2.13.0 -e \".[triton]\"; clients: .[clients])"
+    say "fresh clone and install (README: pip install -c constraints.txt torch==2.13.0 -e \".[triton]\"; clients: .[clients])"
     git clone -q "$SRC" "$WORK/tritongen"
     cd "$WORK/tritongen"
     python3 -m venv .venv
     . .venv/bin/activate
     python -m pip install -q --upgrade pip
     start=$SECONDS
-    pip install -q torch==2.13.0 -e ".[triton,clients]" >"$WORK/install.log" 2>&1 || fail "install" "$WORK/install.log"
+    pip install -q -c constraints.txt torch==2.13.0 -e ".[triton,clients]" >"$WORK/install.log" 2>&1 || fail "install" "$WORK/install.log"
     echo "installed in $((SECONDS - start)) s"
 else
     cd "$SRC"
