@@ -256,8 +256,8 @@ def test_loader_errors(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(PRESETS["tiny-llama"]))
     with pytest.raises(FileNotFoundError, match="no weights"):
         load_model(str(tmp_path), torch.float32, CPU)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8}))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel") as err:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "hidden_size": 8}))
+    with pytest.raises(ValueError, match="MambaForCausalLM") as err:
         read_arch(str(tmp_path))
     assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
     with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):

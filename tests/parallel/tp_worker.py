@@ -33,6 +33,7 @@ CASES: dict[str, tuple[dict, bool]] = {
     "tiny-llama": (PRESETS["tiny-llama"], False),  # GQA 4 q / 2 kv: one KV head per rank
     "tiny-llama-mha": (PRESETS["tiny-llama-mha"], False),  # MHA, tied embeddings
     "tiny-qwen2": (PRESETS["tiny-qwen2"], False),  # q/k/v bias, tied embeddings
+    "tiny-qwen3": (PRESETS["tiny-qwen3"], False),  # qk-norm weights kept whole on every rank
     "tiny-llama-kv1": (_derived("tiny-llama", num_key_value_heads=1), False),  # KV head replicated
     # o_proj and down_proj biases (added once after the reduce), fused GEMMs over the shards.
     "tiny-llama-bias": (_derived("tiny-llama", attention_bias=True, mlp_bias=True), True),

@@ -1,22 +1,31 @@
 """ModelArch: the architecture facts our model code needs, parsed from an HF config.json dict.
 
 Pure Python (no torch) so that the engine can size the KV cache and read EOS ids without a model.
-Both config.json layouts are accepted: the classic one (top-level `rope_theta` / `rope_scaling`, as
-on the Hub) and the transformers 5.x one (`rope_parameters` holding rope_theta and rope_type).
+What varies between families is a field here (position encoding, norm kind, MLP kind, qk-norm,
+tied embeddings, softcapping, embedding scaling), so model code reads the arch instead of testing
+class names. Each family has one parser (config.json -> ModelArch) and one writer (ModelArch ->
+config.json of the HF class, for the HF twin); `_FAMILIES` lists them.
+Both config.json layouts are accepted for RoPE families: the classic one (top-level `rope_theta` /
+`rope_scaling`, as on the Hub) and the transformers 5.x one (`rope_parameters`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "GPT2LMHeadModel")
 
 # HF model_type of each architecture, for configs that lack "architectures" and for to_hf_config.
 _MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "GPT2LMHeadModel": "gpt2",
 }
+LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+"""Decoders of the Llama layout (RMSNorm, RoPE, gated SiLU MLP): one model class, one TP sharding."""
 _ARCH_BY_MODEL_TYPE = {v: k for k, v in _MODEL_TYPES.items()}
 
 # Keys each supported rope_type needs besides rope_theta (HF's validation uses the same sets).
@@ -36,7 +45,8 @@ def unsupported_architecture_error(name: object) -> ValueError:
 
 @dataclass(frozen=True)
 class ModelArch:
-    """Shapes and options of a Llama-family decoder. Field names follow HF config.json."""
+    """Shapes and options of a decoder-only transformer. Field names follow HF config.json (the
+    Llama names where families differ: GPT-2's n_embd is hidden_size, n_head num_attention_heads)."""
 
     architecture: str
     """HF class name, one of SUPPORTED_ARCHITECTURES."""
@@ -47,8 +57,10 @@ class ModelArch:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
+    norm_eps: float
+    """Epsilon of every norm (rms_norm_eps, or layer_norm_epsilon for LayerNorm families)."""
+    rope_theta: Optional[float]
+    """None when position_encoding is not "rope"."""
     rope_scaling: Optional[dict] = field(hash=False)
     """None for plain RoPE, else {"rope_type": "linear" | "llama3", ...that type's parameters}."""
     max_position_embeddings: int
@@ -67,42 +79,30 @@ class ModelArch:
     """Each query sees at most this many keys (itself included); None = full causal attention."""
     max_window_layers: int = 0
     """Layers with index >= this use sliding_window (Qwen2's convention; Mistral: all layers)."""
+    position_encoding: str = "rope"
+    """"rope" (rotary on q and k), "learned" (absolute position embeddings added to the input,
+    GPT-2) or "alibi" (a per-head linear bias on the attention scores, Bloom)."""
+    norm: str = "rms"
+    """"rms" (RMSNorm) or "layer" (LayerNorm)."""
+    norm_bias: bool = False
+    """The norms carry a bias (LayerNorm families)."""
+    mlp: str = "gated"
+    """"gated": down(act(gate(x)) * up(x)) (Llama); "plain": c_proj(act(c_fc(x))) (GPT-2)."""
+    hidden_act: str = "silu"
+    """The MLP activation by its HF name: silu, gelu_new (tanh formula), gelu_pytorch_tanh, gelu."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim on each query and key head before rotary (Qwen3)."""
+    final_logit_softcapping: Optional[float] = None
+    """logits = cap * tanh(logits / cap) when set (Gemma 2); no family here sets it yet."""
+    embedding_multiplier: Optional[float] = None
+    """The input embedding is multiplied by this when set (Gemma: sqrt(hidden)); none here yet."""
 
     @classmethod
     def from_hf_config(cls, d: dict) -> "ModelArch":
         """Parse an HF config.json dict; ValueError names what is unsupported or missing."""
         architecture = _architecture_of(d)
-        _check_supported_options(d)
-        heads = int(_require(d, "num_attention_heads"))
-        hidden = int(_require(d, "hidden_size"))
-        rope_theta, rope_scaling = _parse_rope(d)
-        sliding_window, max_window_layers = _parse_sliding_window(architecture, d)
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        is_llama = architecture == "LlamaForCausalLM"
-        attention_bias = True if is_qwen2 else bool(is_llama and d.get("attention_bias", False))
-        return cls(
-            architecture=architecture,
-            vocab_size=int(_require(d, "vocab_size")),
-            hidden_size=hidden,
-            intermediate_size=int(_require(d, "intermediate_size")),
-            num_hidden_layers=int(_require(d, "num_hidden_layers")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias,
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=_eos_ids(d.get("eos_token_id")),
-            torch_dtype=d.get("torch_dtype") or d.get("dtype"),
-            o_proj_bias=attention_bias and is_llama,
-            mlp_bias=bool(is_llama and d.get("mlp_bias", False)),
-            sliding_window=sliding_window,
-            max_window_layers=max_window_layers,
-        )
+        parse, _ = _FAMILIES[architecture]
+        return parse(architecture, d)
 
     def layer_sliding_window(self, layer_idx: int) -> Optional[int]:
         if self.sliding_window is None or layer_idx < self.max_window_layers:
@@ -111,42 +111,125 @@ class ModelArch:
 
     def to_hf_config(self) -> dict:
         """A config.json dict (transformers 5.x layout) that loads into the matching HF class."""
-        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling is not None:
-            rope.update(self.rope_scaling)
-        d: dict[str, Any] = {
-            "architectures": [self.architecture],
-            "model_type": _MODEL_TYPES[self.architecture],
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": rope,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": _eos_json(self.eos_token_ids),
-        }
-        d.update(self._hf_arch_specific())
+        _, write = _FAMILIES[self.architecture]
+        d = write(self)
+        d.update({"architectures": [self.architecture], "model_type": _MODEL_TYPES[self.architecture],
+                  "vocab_size": self.vocab_size, "tie_word_embeddings": self.tie_word_embeddings,
+                  "bos_token_id": self.bos_token_id, "eos_token_id": _eos_json(self.eos_token_ids)})
         if self.torch_dtype is not None:
             d["dtype"] = self.torch_dtype
         return d
 
-    def _hf_arch_specific(self) -> dict:
-        if self.architecture == "LlamaForCausalLM":
-            return {"attention_bias": self.attention_bias, "mlp_bias": self.mlp_bias}
-        if self.architecture == "MistralForCausalLM":
-            return {"sliding_window": self.sliding_window}
-        return {
-            "use_sliding_window": self.sliding_window is not None,
-            "sliding_window": self.sliding_window,
-            "max_window_layers": self.max_window_layers,
-        }
+
+# -- Llama family (Llama, Mistral, Qwen2, Qwen3) ------------------------------------------------------
+
+def _parse_llama_family(architecture: str, d: dict) -> ModelArch:
+    _check_supported_options(d)
+    heads = int(_require(d, "num_attention_heads"))
+    hidden = int(_require(d, "hidden_size"))
+    rope_theta, rope_scaling = _parse_rope(d)
+    sliding_window, max_window_layers = _parse_sliding_window(architecture, d)
+    is_qwen2 = architecture == "Qwen2ForCausalLM"
+    # Llama and Qwen3 apply attention_bias to q/k/v and o_proj; Qwen2 always has q/k/v bias only.
+    biased_o = architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM")
+    attention_bias = True if is_qwen2 else bool(biased_o and d.get("attention_bias", False))
+    # Qwen3Config's head_dim default is 128, not hidden // heads.
+    default_head_dim = 128 if architecture == "Qwen3ForCausalLM" else hidden // heads
+    return ModelArch(
+        architecture=architecture,
+        vocab_size=int(_require(d, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(_require(d, "intermediate_size")),
+        num_hidden_layers=int(_require(d, "num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(d.get("head_dim") or default_head_dim),
+        norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=_eos_ids(d.get("eos_token_id")),
+        torch_dtype=d.get("torch_dtype") or d.get("dtype"),
+        o_proj_bias=attention_bias and biased_o,
+        mlp_bias=bool(architecture == "LlamaForCausalLM" and d.get("mlp_bias", False)),
+        sliding_window=sliding_window,
+        max_window_layers=max_window_layers,
+        qk_norm=architecture == "Qwen3ForCausalLM",
+    )
+
+
+def _write_llama_family(a: ModelArch) -> dict:
+    rope = {"rope_type": "default", "rope_theta": a.rope_theta}
+    if a.rope_scaling is not None:
+        rope.update(a.rope_scaling)
+    d: dict[str, Any] = {
+        "hidden_size": a.hidden_size,
+        "intermediate_size": a.intermediate_size,
+        "num_hidden_layers": a.num_hidden_layers,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "head_dim": a.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": a.norm_eps,
+        "rope_parameters": rope,
+        "max_position_embeddings": a.max_position_embeddings,
+    }
+    if a.architecture == "LlamaForCausalLM":
+        d.update(attention_bias=a.attention_bias, mlp_bias=a.mlp_bias)
+    elif a.architecture == "MistralForCausalLM":
+        d.update(sliding_window=a.sliding_window)
+    else:
+        d.update(use_sliding_window=a.sliding_window is not None, sliding_window=a.sliding_window,
+                 max_window_layers=a.max_window_layers)
+        if a.architecture == "Qwen3ForCausalLM":
+            d.update(attention_bias=a.attention_bias)
+    return d
+
+
+# -- GPT-2 ----------------------------------------------------------------------------------------
+
+_GELU_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
+
+
+def _parse_gpt2(architecture: str, d: dict) -> ModelArch:
+    act = d.get("activation_function", "gelu_new")
+    if act not in _GELU_ACTS:
+        raise ValueError(f"unsupported GPT-2 activation_function {act!r}; supported: {', '.join(_GELU_ACTS)}")
+    # These change the attention scale per layer or drop it; no released GPT-2 checkpoint uses them.
+    if d.get("scale_attn_by_inverse_layer_idx") or d.get("scale_attn_weights", True) is False:
+        raise ValueError("unsupported GPT-2 attention scaling (scale_attn_by_inverse_layer_idx / "
+                         "scale_attn_weights=false): only 1/sqrt(head_dim) is implemented")
+    if d.get("add_cross_attention"):
+        raise ValueError("unsupported GPT-2 option add_cross_attention: decoder-only models only")
+    hidden, heads = int(_require(d, "n_embd")), int(_require(d, "n_head"))
+    return ModelArch(
+        architecture=architecture, vocab_size=int(_require(d, "vocab_size")), hidden_size=hidden,
+        intermediate_size=int(d.get("n_inner") or 4 * hidden), num_hidden_layers=int(_require(d, "n_layer")),
+        num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads,
+        norm_eps=float(d.get("layer_norm_epsilon", 1e-5)), rope_theta=None, rope_scaling=None,
+        max_position_embeddings=int(d.get("n_positions", 1024)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), attention_bias=True,
+        bos_token_id=d.get("bos_token_id"), eos_token_ids=_eos_ids(d.get("eos_token_id")),
+        torch_dtype=d.get("torch_dtype") or d.get("dtype"), o_proj_bias=True, mlp_bias=True,
+        position_encoding="learned", norm="layer", norm_bias=True, mlp="plain", hidden_act=act,
+    )
+
+
+def _write_gpt2(a: ModelArch) -> dict:
+    return {"n_embd": a.hidden_size, "n_inner": a.intermediate_size, "n_layer": a.num_hidden_layers,
+            "n_head": a.num_attention_heads, "layer_norm_epsilon": a.norm_eps,
+            "n_positions": a.max_position_embeddings, "activation_function": a.hidden_act}
+
+
+_FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]] = {
+    **{name: (_parse_llama_family, _write_llama_family) for name in LLAMA_FAMILY},
+    "GPT2LMHeadModel": (_parse_gpt2, _write_gpt2),
+}
+"""architecture -> (config.json parser, config.json writer)."""
+assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
 
 
 def _require(d: dict, key: str) -> Any:
@@ -206,7 +289,7 @@ def _parse_sliding_window(architecture: str, d: dict) -> tuple[Optional[int], in
     if architecture == "MistralForCausalLM":
         window = d["sliding_window"] if "sliding_window" in d else _MISTRAL_DEFAULT_WINDOW
         return (None if window is None else int(window)), 0
-    if architecture == "Qwen2ForCausalLM" and d.get("use_sliding_window"):
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and d.get("use_sliding_window"):
         # Qwen2Config defaults; HF ignores sliding_window unless use_sliding_window is set.
         window = d.get("sliding_window") or 4096
         return int(window), int(d.get("max_window_layers", 28))

@@ -7,7 +7,8 @@ from tritongen.models.arch import ModelArch
 
 
 def hf_twin(model: torch.nn.Module, arch: ModelArch, attn_implementation: str = "eager") -> torch.nn.Module:
-    """An HF model of the same architecture holding exactly our weights (names are shared)."""
+    """An HF model of the same architecture holding exactly our weights (CausalLM.hf_state_dict
+    gives them HF's names and layouts)."""
     import transformers
 
     d = arch.to_hf_config()
@@ -15,7 +16,7 @@ def hf_twin(model: torch.nn.Module, arch: ModelArch, attn_implementation: str = 
     param = next(model.parameters())
     hf = transformers.AutoModelForCausalLM.from_config(config, dtype=param.dtype,
                                                        attn_implementation=attn_implementation)
-    hf.load_state_dict(model.state_dict(), strict=True)
+    hf.load_state_dict(model.hf_state_dict(), strict=True)
     return hf.to(param.device).eval()
 
 

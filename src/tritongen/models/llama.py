@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) over a paged KV cache.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) over a paged KV cache.
 
 Parameter names equal HF's, so an HF state dict loads directly and ours loads into an HF twin.
 The model sees one flat batch of tokens [T] from many sequences; AttentionMetadata says where each
@@ -6,7 +6,7 @@ sequence's tokens and cache blocks are. Norms, rotary and SiLU·mul dispatch thr
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -74,6 +74,10 @@ class LlamaAttention(nn.Module):
         self.qkv_proj: nn.Linear | None = None
         """q, k and v stacked into one GEMM by fuse_projections() (GPU); None = separate."""
         self.sizes = (q_size, kv_size, kv_size)
+        # Qwen3: RMSNorm over head_dim of every q and k head (weights shared by the heads, so
+        # tensor parallelism keeps them whole).
+        self.q_norm = RMSNorm(self.head_dim, arch.norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, arch.norm_eps) if arch.qk_norm else None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is None:
@@ -87,6 +91,8 @@ class LlamaAttention(nn.Module):
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         out = rotary_attention(q, k, v, cos, sin, kv_cache, attn, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
@@ -113,8 +119,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = LlamaAttention(arch, layer_idx)
         self.mlp = LlamaMLP(arch)
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.norm_eps)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +141,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_hidden_layers))
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.norm = RMSNorm(arch.hidden_size, arch.norm_eps)
         self.rotary_emb = RotaryEmbedding(arch)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -149,7 +155,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """forward(input_ids [T], positions [T], kv_caches, attn) -> final hidden states [T, hidden]."""
+    """The Llama family; implements models.interface.CausalLM. Parameter names and layouts are
+    HF's, so checkpoint tensors load as they are."""
 
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
@@ -185,6 +192,12 @@ class LlamaForCausalLM(nn.Module):
             del mlp.gate_proj, mlp.up_proj
         self._register_state_dict_hook(_split_fused)
         self._register_load_state_dict_pre_hook(_stack_fused)
+
+    def checkpoint_tensors(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
+        yield name, tensor  # HF names and layouts; lazy slices stay lazy (TP reads only its slice)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state_dict()  # already HF names, also after fuse_projections (its hooks)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the rows of `hidden` that are sampled."""

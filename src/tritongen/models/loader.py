@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from tritongen.models.arch import ModelArch
-from tritongen.models.llama import LlamaForCausalLM
+from tritongen.models.interface import CausalLM
 from tritongen.models.presets import PRESETS
 from tritongen.models.registry import get_model_class
 
@@ -55,7 +55,7 @@ def read_arch(model: str) -> ModelArch:
 
 def load_model(
     model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Optional["Shard"] = None
-) -> tuple[LlamaForCausalLM, ModelArch]:
+) -> tuple[CausalLM, ModelArch]:
     """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
     and device type (they are drawn on the device, so CPU and CUDA draws differ).
 
@@ -78,7 +78,7 @@ def load_model(
 
 
 def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,
-                      shard: Optional["Shard"] = None) -> LlamaForCausalLM:
+                      shard: Optional["Shard"] = None) -> CausalLM:
     """The model (the rank's shard of it) with uninitialized parameters allocated on `device` in
     `dtype`; buffers are valid."""
     cls = get_model_class(arch.architecture)
@@ -107,8 +107,9 @@ def init_dummy_weights(model: nn.Module, seed: int, spec: Optional[SpecFn] = Non
     """Random weights that give O(1) activations at any size, deterministic in seed (per device type).
 
     Matrices ~ N(0, 1/fan_in) (for 7B shapes that is the usual ~0.02), norms ~ N(1, 0.1) so that a
-    dropped norm weight changes the output, biases ~ N(0, 0.1). A sharded model passes the full
-    `shapes` and its `spec`: each full tensor is drawn in turn and the rank keeps its slice.
+    dropped norm weight changes the output (every 1-D weight is a norm's scale), biases ~ N(0, 0.1).
+    A sharded model passes the full `shapes` and its `spec`: each full tensor is drawn in turn and
+    the rank keeps its slice.
     """
     params = dict(model.named_parameters())  # tied weights appear once
     device = next(iter(params.values())).device
@@ -117,7 +118,7 @@ def init_dummy_weights(model: nn.Module, seed: int, spec: Optional[SpecFn] = Non
         p = params[name]
         s = spec(name) if spec is not None else None
         full = p if s is None else torch.empty(shape, dtype=p.dtype, device=device)
-        if name.endswith("norm.weight"):
+        if name.endswith(".weight") and full.dim() == 1:  # a norm's scale (RMSNorm, LayerNorm)
             full.normal_(1.0, 0.1, generator=gen)
         elif name.endswith(".bias"):
             full.normal_(0.0, 0.1, generator=gen)
@@ -188,24 +189,27 @@ def _read(tensor: Any, spec: Optional["ShardSpec"]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_checkpoint(model: nn.Module, path: Path, spec: Optional[SpecFn] = None) -> None:
+def load_checkpoint(model: CausalLM, path: Path, spec: Optional[SpecFn] = None) -> None:
     """Copy every parameter (the rank's slice of it, per `spec`) from the checkpoint in `path`;
+    the model maps checkpoint names and layouts to its parameters (CausalLM.checkpoint_tensors).
     ValueError on missing or mis-shaped ones."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head may be in the file
     loaded: set[int] = set()
     unexpected: list[str] = []
     for file in weight_files(path):
-        for name, lazy in _iter_tensors(file):
-            param = params.get(name)
-            if param is None:
-                if not name.endswith(_IGNORED_SUFFIXES):
-                    unexpected.append(name)
+        for file_name, lazy in _iter_tensors(file):
+            if file_name.endswith(_IGNORED_SUFFIXES):
                 continue
-            tensor = _read(lazy, spec(name) if spec is not None else None)
-            if param.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
-            param.copy_(tensor)
-            loaded.add(id(param))
+            for name, value in model.checkpoint_tensors(file_name, lazy):
+                param = params.get(name)
+                if param is None:
+                    unexpected.append(file_name)
+                    continue
+                tensor = _read(value, spec(name) if spec is not None else None)
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+                param.copy_(tensor)
+                loaded.add(id(param))
     missing = [name for name, p in params.items() if id(p) not in loaded]
     if missing:
         raise ValueError(

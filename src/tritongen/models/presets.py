@@ -2,7 +2,8 @@
 
 Tiny presets exist for tests: vocab 49152 and eos 2 / bos 1 match the default tokenizer
 (SmolLM2's: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|>), so their output detokenizes. Each
-varies one family feature: GQA vs MHA, tied embeddings, qkv bias, sliding window, rope scaling.
+varies one family feature: GQA vs MHA, tied embeddings, qkv bias, sliding window, rope scaling,
+qk-norm (Qwen3), the GPT-2 layout (learned positions, LayerNorm, GELU).
 The real shapes are the Hub config.json files verbatim (classic layout), for benchmarks.
 """
 from __future__ import annotations
@@ -102,6 +103,54 @@ _SMOLLM2_135M = _tiny(
     tie_word_embeddings=True,
 )
 
+_QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# GPT-2 small (124M) as on the Hub (no torch_dtype there: float32).
+_GPT2 = {
+    "activation_function": "gelu_new",
+    "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1,
+    "bos_token_id": 50256,
+    "embd_pdrop": 0.1,
+    "eos_token_id": 50256,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2",
+    "n_ctx": 1024,
+    "n_embd": 768,
+    "n_head": 12,
+    "n_layer": 12,
+    "n_positions": 1024,
+    "resid_pdrop": 0.1,
+    "vocab_size": 50257,
+}
+
 PRESETS: dict[str, dict] = {
     "tiny-llama": _tiny(),
     "tiny-llama-mha": _tiny(num_key_value_heads=4, tie_word_embeddings=True),
@@ -133,6 +182,19 @@ PRESETS: dict[str, dict] = {
         },
         "eos_token_id": [2, 0],
     },
+    # qk-norm; head_dim 32 with hidden 64 / 4 heads, so nothing may assume hidden // heads.
+    "tiny-qwen3": _tiny(
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        head_dim=32,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+    # GPT-2 layout at the tiny size, with the default tokenizer's vocabulary and bos/eos ids.
+    "tiny-gpt2": {**_GPT2, "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 2048, "n_ctx": 2048,
+                  "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2},
     "smollm2-135m": _SMOLLM2_135M,
     "llama-2-7b": _LLAMA_2_7B,
     "llama-2-13b": _LLAMA_2_13B,
@@ -141,4 +203,6 @@ PRESETS: dict[str, dict] = {
     "llama-2-13b-tp2-rank": {**_LLAMA_2_13B, "num_attention_heads": 20, "num_key_value_heads": 20,
                              "head_dim": 128, "intermediate_size": 6912, "vocab_size": 16000},
     "llama-3-8b": _LLAMA_3_8B,
+    "qwen3-8b": _QWEN3_8B,
+    "gpt2": _GPT2,
 }

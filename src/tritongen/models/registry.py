@@ -1,17 +1,20 @@
-"""Architecture name (config.json "architectures"[0]) -> our model class."""
+"""Architecture name (config.json "architectures"[0]) -> our model class (a models.interface.CausalLM)."""
 from __future__ import annotations
 
 from torch import nn
 
 from tritongen.models.arch import SUPPORTED_ARCHITECTURES, unsupported_architecture_error
+from tritongen.models.gpt2 import GPT2LMHeadModel
 from tritongen.models.llama import LlamaForCausalLM
 
-# One class covers the whole Llama family; differences (qkv bias, tied embeddings, sliding window,
-# rope scaling) are ModelArch fields.
+# One class covers the whole Llama family; differences (qkv bias, qk-norm, tied embeddings, sliding
+# window, rope scaling) are ModelArch fields.
 _MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+    "GPT2LMHeadModel": GPT2LMHeadModel,
 }
 assert set(_MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

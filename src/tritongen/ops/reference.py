@@ -36,6 +36,25 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """nn.LayerNorm over the last dimension (GPT-2, Bloom)."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The MLP activation by its HF name, with HF's exact formula: the tanh GELUs differ in the
+    last bits between the written-out formula (gelu_new) and torch's kernel (gelu_pytorch_tanh)."""
+    if name in ("silu", "swish"):
+        return F.silu(x)
+    if name == "gelu_new":
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    if name == "gelu_pytorch_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu(x)
+    raise ValueError(f"unsupported activation {name!r}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Rotary embedding
 # ---------------------------------------------------------------------------------------------

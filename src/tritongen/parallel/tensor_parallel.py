@@ -29,17 +29,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tritongen.models.arch import ModelArch
+from tritongen.models.arch import LLAMA_FAMILY, ModelArch
 from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
 from tritongen.ops import kernels
 from tritongen.parallel.symmetric import SymmetricAllReduce
 
 
 def validate_tensor_parallel(arch: ModelArch, world_size: int) -> None:
-    """ValueError if `arch` cannot be split over `world_size` ranks (whole heads per rank)."""
+    """ValueError if `arch` cannot be split over `world_size` ranks (whole heads per rank, a family
+    whose modules the sharding below knows)."""
     heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
     if world_size < 1:
         raise ValueError(f"tensor parallel world_size must be >= 1, got {world_size}")
+    if world_size > 1 and arch.architecture not in LLAMA_FAMILY:
+        raise ValueError(f"tensor parallelism supports the Llama family only for now "
+                         f"({', '.join(LLAMA_FAMILY)}), not {arch.architecture}; use tensor_parallel_size 1")
     if world_size > heads:
         raise ValueError(f"tensor parallel world_size {world_size} is larger than num_attention_heads "
                          f"{heads}: every rank needs at least one whole query head")

@@ -1,0 +1,142 @@
+"""New families against HF transformers' own classes, float32 on CPU, through the whole engine.
+
+Each family's HF class is built from our tiny preset's config with random weights, saved with
+save_pretrained and loaded by our loader from that directory (HF's own config.json and tensor
+names and layouts: GPT-2's Conv1D and fused c_attn included). The engine then runs with a small
+block size, a token budget that splits the longer prompts into chunks, prefix caching on (a second
+round shares prefixes with the first) and all requests batched together; every greedy token must
+equal HF generate's and every logprob must be within LOGPROB_ATOL.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritongen import LLM, SamplingParams
+from tritongen.models.arch import SUPPORTED_ARCHITECTURES, ModelArch
+from tritongen.models.hf_twin import hf_greedy
+from tritongen.models.interface import CausalLM
+from tritongen.models.loader import build_empty_model, load_model, read_arch
+from tritongen.models.presets import PRESETS
+from tritongen.models.registry import get_model_class
+from tritongen.parallel.tensor_parallel import validate_tensor_parallel
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = {"Qwen3ForCausalLM": "tiny-qwen3", "GPT2LMHeadModel": "tiny-gpt2"}
+MAX_TOKENS = 10
+# Lengths 1..41: a single token, within one block (block_size 4), across blocks, and 25/41 tokens
+# that the 16-token budget splits into two and three prefill chunks.
+PROMPT_LENGTHS = (1, 3, 9, 25, 41)
+# float32 rounds at 6e-8; two layers of width 64-128, summed in another order than HF's (paged
+# attention, chunks), leave the last hidden state off by ~1e-6 of its size, and a logprob scales
+# that by the spread of the logits (a few units): ~1e-5 at worst. 1e-4 leaves room for thread-count
+# effects on a loaded machine; a real bug (a transposed weight, a wrong position) moves logprobs
+# by 1e-2 or more, and the greedy tokens must match exactly anyway.
+LOGPROB_ATOL = 1e-4
+
+
+def _hf_config(preset: str):
+    d = copy.deepcopy(PRESETS[preset])
+    d.pop("architectures")
+    d.pop("torch_dtype", None)
+    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+@torch.no_grad()
+def _randomize(hf: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that the logits spread out (HF's init, std 0.02, leaves near-ties that
+    rounding could flip): norm scales ~ N(1, 0.1), biases ~ N(0, 0.1), matrices ~ N(0, 1/hidden)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = hf.config.hidden_size
+    for name, p in hf.named_parameters():
+        if p.dim() == 1 and name.endswith("weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        elif p.dim() == 1:
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) * hidden ** -0.5)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
+    """(architecture, HF directory saved by HF, the HF model) of one family."""
+    arch_name = request.param
+    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(FAMILIES[arch_name]), dtype=torch.float32,
+                                                       attn_implementation="eager")
+    assert type(hf).__name__ == arch_name
+    _randomize(hf, seed=1)
+    path = tmp_path_factory.mktemp(arch_name)
+    hf.save_pretrained(path)
+    return arch_name, path, hf.eval()
+
+
+def _prompts(vocab: int, seed: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_engine_greedy_and_logprobs_match_hf(family, default_model_dir) -> None:
+    arch_name, path, hf = family
+    llm = LLM(str(path), tokenizer=default_model_dir, dtype="float32", device="cpu", block_size=4,
+              max_num_batched_tokens=16, enable_prefix_caching=True)
+    assert llm.engine.runner.arch.architecture == arch_name
+    vocab = hf.config.vocab_size
+    first = _prompts(vocab, seed=2)
+    # Second round: the longer first-round prompts with new tails (cached prefix blocks), and new ones.
+    second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *_prompts(vocab, seed=3, lengths=(2, 14))]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    for prompts in (first, second):
+        outs = llm.generate(prompts, params)
+        for prompt, out in zip(prompts, outs):
+            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
+            assert out.token_ids == ids, (arch_name, len(prompt))
+            ours = torch.tensor([lp.logprob for lp in out.logprobs])
+            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+    assert llm.stats()["prefix_cache_hit_rate"] > 0
+
+
+def test_hf_config_parses_to_the_preset_arch(family) -> None:
+    arch_name, path, _ = family
+    ours = read_arch(f"dummy:{FAMILIES[arch_name]}")
+    theirs = read_arch(str(path))  # HF's config.json, transformers 5.x layout
+    assert {**theirs.__dict__, "torch_dtype": None} == {**ours.__dict__, "torch_dtype": None}
+    assert ModelArch.from_hf_config(ours.to_hf_config()) == ours
+
+
+def test_every_registered_class_implements_the_interface() -> None:
+    for name in SUPPORTED_ARCHITECTURES:
+        preset = next(p for p, d in PRESETS.items() if d["architectures"][0] == name)
+        net = build_empty_model(read_arch(f"dummy:{preset}"), torch.float32, torch.device("cpu"))
+        assert isinstance(net, get_model_class(name)) and isinstance(net, CausalLM), name
+
+
+def test_gpt2_hub_layout_checkpoint_loads(tmp_path: Path) -> None:
+    """The Hub's gpt2 was saved from GPT2Model: no "transformer." prefix, no lm_head (tied), and
+    the causal-mask buffers attn.bias / attn.masked_bias; a .bin file of that layout loads."""
+    hf = transformers.AutoModelForCausalLM.from_config(_hf_config("tiny-gpt2"), dtype=torch.float32)
+    _randomize(hf, seed=4)
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(hf.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(8, 8, dtype=torch.bool))
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["tiny-gpt2"]))
+    net, arch = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    assert net.lm_head.weight is net.transformer.wte.weight
+    assert torch.equal(net.transformer.h[0].attn.k_proj.weight,
+                       hf.transformer.h[0].attn.c_attn.weight[:, 64:128].t())
+    hf_state = hf.state_dict()
+    for name, tensor in net.hf_state_dict().items():  # the round trip back to HF's layout
+        assert torch.equal(tensor, hf_state[name]), name
+
+
+def test_tensor_parallel_refuses_non_llama_families() -> None:
+    with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only for now"):
+        validate_tensor_parallel(read_arch("dummy:tiny-gpt2"), 2)
+    validate_tensor_parallel(read_arch("dummy:tiny-gpt2"), 1)
+    validate_tensor_parallel(read_arch("dummy:tiny-qwen3"), 2)  # Llama family: sharded (tests/parallel)
