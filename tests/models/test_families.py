@@ -27,7 +27,7 @@ from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = {"Qwen3ForCausalLM": "tiny-qwen3", "GPT2LMHeadModel": "tiny-gpt2"}
+FAMILIES = {"Qwen3ForCausalLM": "tiny-qwen3", "GPT2LMHeadModel": "tiny-gpt2", "BloomForCausalLM": "tiny-bloom"}
 MAX_TOKENS = 10
 # Lengths 1..41: a single token, within one block (block_size 4), across blocks, and 25/41 tokens
 # that the 16-token budget splits into two and three prefill chunks.
@@ -136,7 +136,40 @@ def test_gpt2_hub_layout_checkpoint_loads(tmp_path: Path) -> None:
 
 
 def test_tensor_parallel_refuses_non_llama_families() -> None:
-    with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only for now"):
-        validate_tensor_parallel(read_arch("dummy:tiny-gpt2"), 2)
+    for preset in ("tiny-gpt2", "tiny-bloom"):
+        with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only for now"):
+            validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
     validate_tensor_parallel(read_arch("dummy:tiny-gpt2"), 1)
     validate_tensor_parallel(read_arch("dummy:tiny-qwen3"), 2)  # Llama family: sharded (tests/parallel)
+
+
+def test_bloom_hub_layout_checkpoint_loads_and_slopes_stay_float32(tmp_path: Path) -> None:
+    """The Hub's Bloom checkpoints lack the "transformer." prefix and lm_head (tied)."""
+    from safetensors.torch import save_file
+
+    hf = transformers.AutoModelForCausalLM.from_config(_hf_config("tiny-bloom"), dtype=torch.float32)
+    _randomize(hf, seed=5)
+    state = {k.removeprefix("transformer."): v.contiguous() for k, v in hf.state_dict().items()
+             if k != "lm_head.weight"}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS["tiny-bloom"]))
+    net, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    assert net.lm_head.weight is net.transformer.word_embeddings.weight
+    hf_state = hf.state_dict()
+    assert all(torch.equal(t, hf_state[name]) for name, t in net.hf_state_dict().items())
+    half, _ = load_model("dummy:tiny-bloom", torch.bfloat16, torch.device("cpu"))
+    assert half.transformer.alibi_slopes.dtype == torch.float32
+    expected = transformers.models.bloom.modeling_bloom.build_alibi_tensor(torch.ones(1, 3), 6, torch.float32)
+    assert torch.equal(half.transformer.alibi_slopes, expected[:, 0, 1])  # key position 1: the slopes
+
+
+def test_alibi_is_refused_by_backends_without_a_bias_term(monkeypatch) -> None:
+    from tritongen.ops import attention, reference
+
+    no_bias = attention.AttentionBackend(reference.write_kv_cache_ref, reference.paged_attention_ref)
+    monkeypatch.setattr(attention, "_backend_for", lambda q: no_bias)  # what a CUDA tensor would get
+    meta = attention.build_attention_metadata([1], [1], [[0]], 4)
+    q, kv = torch.zeros(1, 2, 8), torch.zeros(2, 1, 4, 2, 8)
+    attention.paged_attention(q, kv, meta, 1.0)  # no bias: any backend
+    with pytest.raises(NotImplementedError, match="ALiBi attention .* not on GPU yet"):
+        attention.paged_attention(q, kv, meta, 1.0, alibi_slopes=torch.ones(2))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "GPT2LMHeadModel")
+                           "GPT2LMHeadModel", "BloomForCausalLM")
 
 # HF model_type of each architecture, for configs that lack "architectures" and for to_hf_config.
 _MODEL_TYPES = {
@@ -23,6 +23,7 @@ _MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "GPT2LMHeadModel": "gpt2",
+    "BloomForCausalLM": "bloom",
 }
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 """Decoders of the Llama layout (RMSNorm, RoPE, gated SiLU MLP): one model class, one TP sharding."""
@@ -89,7 +90,8 @@ class ModelArch:
     mlp: str = "gated"
     """"gated": down(act(gate(x)) * up(x)) (Llama); "plain": c_proj(act(c_fc(x))) (GPT-2)."""
     hidden_act: str = "silu"
-    """The MLP activation by its HF name: silu, gelu_new (tanh formula), gelu_pytorch_tanh, gelu."""
+    """The MLP activation by its HF name: silu, gelu_new (tanh formula), gelu_pytorch_tanh, gelu;
+    bloom_gelu for Bloom's own tanh formula (its config names none)."""
     qk_norm: bool = False
     """RMSNorm over head_dim on each query and key head before rotary (Qwen3)."""
     final_logit_softcapping: Optional[float] = None
@@ -224,9 +226,42 @@ def _write_gpt2(a: ModelArch) -> dict:
             "n_positions": a.max_position_embeddings, "activation_function": a.hidden_act}
 
 
+# -- Bloom ----------------------------------------------------------------------------------------
+
+_BLOOM_DEFAULT_MAX_LEN = 2048
+"""Bloom's training length: ALiBi has no position table, so config.json states no maximum."""
+
+
+def _parse_bloom(architecture: str, d: dict) -> ModelArch:
+    if d.get("apply_residual_connection_post_layernorm"):
+        raise ValueError("unsupported Bloom option apply_residual_connection_post_layernorm=true "
+                         "(no released Bloom checkpoint uses it)")
+    if d.get("slow_but_exact") and int(d.get("pretraining_tp", 1)) > 1:
+        raise ValueError("unsupported Bloom option slow_but_exact with pretraining_tp > 1")
+    hidden = int(d.get("hidden_size") or _require(d, "n_embed"))  # n_embed: old configs' name
+    heads = int(d.get("n_head") or _require(d, "num_attention_heads"))
+    return ModelArch(
+        architecture=architecture, vocab_size=int(_require(d, "vocab_size")), hidden_size=hidden,
+        intermediate_size=4 * hidden, num_hidden_layers=int(d.get("n_layer") or _require(d, "num_hidden_layers")),
+        num_attention_heads=heads, num_key_value_heads=heads, head_dim=hidden // heads,
+        norm_eps=float(d.get("layer_norm_epsilon", 1e-5)), rope_theta=None, rope_scaling=None,
+        max_position_embeddings=int(d.get("seq_length") or _BLOOM_DEFAULT_MAX_LEN),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), attention_bias=True,
+        bos_token_id=d.get("bos_token_id"), eos_token_ids=_eos_ids(d.get("eos_token_id")),
+        torch_dtype=d.get("torch_dtype") or d.get("dtype"), o_proj_bias=True, mlp_bias=True,
+        position_encoding="alibi", norm="layer", norm_bias=True, mlp="plain", hidden_act="bloom_gelu",
+    )
+
+
+def _write_bloom(a: ModelArch) -> dict:
+    return {"hidden_size": a.hidden_size, "n_layer": a.num_hidden_layers, "n_head": a.num_attention_heads,
+            "layer_norm_epsilon": a.norm_eps, "seq_length": a.max_position_embeddings}
+
+
 _FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]] = {
     **{name: (_parse_llama_family, _write_llama_family) for name in LLAMA_FAMILY},
     "GPT2LMHeadModel": (_parse_gpt2, _write_gpt2),
+    "BloomForCausalLM": (_parse_bloom, _write_bloom),
 }
 """architecture -> (config.json parser, config.json writer)."""
 assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)

@@ -3,7 +3,7 @@
 Tiny presets exist for tests: vocab 49152 and eos 2 / bos 1 match the default tokenizer
 (SmolLM2's: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|>), so their output detokenizes. Each
 varies one family feature: GQA vs MHA, tied embeddings, qkv bias, sliding window, rope scaling,
-qk-norm (Qwen3), the GPT-2 layout (learned positions, LayerNorm, GELU).
+qk-norm (Qwen3), the GPT-2 layout (learned positions, LayerNorm, GELU), ALiBi (Bloom).
 The real shapes are the Hub config.json files verbatim (classic layout), for benchmarks.
 """
 from __future__ import annotations
@@ -151,6 +151,28 @@ _GPT2 = {
     "vocab_size": 50257,
 }
 
+# Bloom-7b1's shape as bigscience publishes it (250,880-token vocabulary, 30 layers, 32 heads).
+_BLOOM_7B1 = {
+    "apply_residual_connection_post_layernorm": False,
+    "architectures": ["BloomForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_dropout": 0.0,
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05,
+    "model_type": "bloom",
+    "n_head": 32,
+    "n_layer": 30,
+    "pad_token_id": 3,
+    "pretraining_tp": 1,
+    "slow_but_exact": False,
+    "unk_token_id": 0,
+    "use_cache": True,
+    "vocab_size": 250880,
+}
+
 PRESETS: dict[str, dict] = {
     "tiny-llama": _tiny(),
     "tiny-llama-mha": _tiny(num_key_value_heads=4, tie_word_embeddings=True),
@@ -195,6 +217,9 @@ PRESETS: dict[str, dict] = {
     # GPT-2 layout at the tiny size, with the default tokenizer's vocabulary and bos/eos ids.
     "tiny-gpt2": {**_GPT2, "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 2048, "n_ctx": 2048,
                   "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2},
+    # ALiBi; 6 heads, not a power of two, so the slopes' second sequence is used too.
+    "tiny-bloom": {**_BLOOM_7B1, "hidden_size": 48, "n_head": 6, "n_layer": 2, "vocab_size": 49152,
+                   "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "seq_length": 2048},
     "smollm2-135m": _SMOLLM2_135M,
     "llama-2-7b": _LLAMA_2_7B,
     "llama-2-13b": _LLAMA_2_13B,
@@ -205,4 +230,5 @@ PRESETS: dict[str, dict] = {
     "llama-3-8b": _LLAMA_3_8B,
     "qwen3-8b": _QWEN3_8B,
     "gpt2": _GPT2,
+    "bloom-7b1": _BLOOM_7B1,
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from tritongen.models.arch import SUPPORTED_ARCHITECTURES, unsupported_architecture_error
+from tritongen.models.bloom import BloomForCausalLM
 from tritongen.models.gpt2 import GPT2LMHeadModel
 from tritongen.models.llama import LlamaForCausalLM
 
@@ -15,6 +16,7 @@ _MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
+    "BloomForCausalLM": BloomForCausalLM,
 }
 assert set(_MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

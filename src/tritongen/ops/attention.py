@@ -179,9 +179,18 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: Optional[int] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D]."""
-    return _backend_for(q).paged_attention(q, kv_cache, meta, scale, sliding_window)
+    """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
+    `alibi_slopes` [Hq] adds ALiBi's position bias; only the reference has that term so far."""
+    backend = _backend_for(q)
+    if alibi_slopes is None:
+        return backend.paged_attention(q, kv_cache, meta, scale, sliding_window)
+    if backend is not _BACKENDS["reference"]:
+        raise NotImplementedError(
+            f"ALiBi attention (Bloom) is not on GPU yet: the {_backend_name!r} paged-attention kernels have no "
+            "position-bias term; run on CPU (--device cpu) or with attention_backend 'reference'")
+    return reference.paged_attention_ref(q, kv_cache, meta, scale, sliding_window, alibi_slopes)
 
 
 def rotary_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

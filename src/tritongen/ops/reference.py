@@ -52,6 +52,8 @@ def activation(x: torch.Tensor, name: str) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
     if name == "gelu":
         return F.gelu(x)
+    if name == "bloom_gelu":  # Bloom's own tanh GELU, constants rounded as Megatron wrote them
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
     raise ValueError(f"unsupported activation {name!r}")
 
 
@@ -109,6 +111,20 @@ def apply_rotary(
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes [num_heads] in float32, computed as HF's Bloom does: a geometric
+    sequence from 2^(-8/n) for the largest power of two n <= num_heads, the odd powers of the
+    next sequence for the remaining heads."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != num_heads:
+        extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        remaining = min(closest, num_heads - closest)
+        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))])
+    return slopes
+
+
 # ---------------------------------------------------------------------------------------------
 # Paged KV cache and attention
 # ---------------------------------------------------------------------------------------------
@@ -148,14 +164,21 @@ def causal_mask(q_len: int, seq_len: int, device: torch.device,
     return mask
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Masked softmax attention of q [L, Hq, D] over k, v [S, Hkv, D] in float32; GQA by repeating KV."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+           alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Masked softmax attention of q [L, Hq, D] over k, v [S, Hkv, D] in float32; GQA by repeating KV.
+    With `alibi_slopes` [Hq], head h adds slope_h * key_position to its scores (HF Bloom's form:
+    the key's absolute position, which softmax sees as the relative distance, since what is
+    constant along a query's row cancels)."""
     n_rep = q.shape[1] // k.shape[1]
     # Query head h reads KV head h // n_rep, as HF's repeat_kv lays them out.
     k = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k
     v = v.repeat_interleave(n_rep, dim=1) if n_rep > 1 else v
     qf, kf, vf = (t.to(torch.float32).transpose(0, 1) for t in (q, k, v))  # [H, L|S, D]
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale
+    if alibi_slopes is not None:
+        k_pos = torch.arange(k.shape[0], device=q.device, dtype=torch.float32)
+        scores = scores + alibi_slopes.to(torch.float32)[:, None, None] * k_pos[None, None, :]
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, vf).transpose(0, 1).to(q.dtype)
@@ -167,8 +190,10 @@ def paged_attention_ref(
     meta: "AttentionMetadata",
     scale: float,
     sliding_window: Optional[int] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Causal attention of the flat batch q [T, Hq, D] against each sequence's cached K/V.
+    """Causal attention of the flat batch q [T, Hq, D] against each sequence's cached K/V, with an
+    ALiBi bias when `alibi_slopes` [Hq] is given (see attend).
 
     Sequence i's queries are q[query_start_loc[i]:query_start_loc[i+1]], at the last q_len of its
     seq_lens[i] positions; the cache must already hold all seq_lens[i] positions (write first).
@@ -181,5 +206,5 @@ def paged_attention_ref(
             continue
         k, v = gather_kv(kv_cache, meta.block_tables[i], seq_len)
         mask = causal_mask(end - start, seq_len, q.device, sliding_window)
-        out[start:end] = attend(q[start:end], k, v, mask, scale)
+        out[start:end] = attend(q[start:end], k, v, mask, scale, alibi_slopes)
     return out
