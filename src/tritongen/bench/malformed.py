@@ -113,12 +113,15 @@ def openai_cases(model: str) -> list[Case]:
     """Wrong fields for /v1/completions and /v1/chat/completions (the OpenAI API's own checks)."""
     bad: list[tuple[str, dict, str]] = [
         ("max_tokens string", {"max_tokens": "4"}, "max_tokens"), ("max_tokens bool", {"max_tokens": True}, "max_tokens"),
-        ("max_tokens negative", {"max_tokens": -1}, "max_tokens"), ("temperature 5", {"temperature": 5}, "temperature"),
+        ("max_tokens negative", {"max_tokens": -1}, "max_tokens"), ("temperature -1", {"temperature": -1}, "temperature"),
         ("temperature string", {"temperature": "hot"}, "temperature"), ("top_p 2", {"top_p": 2}, "top_p"),
         ("seed 2**64", {"seed": 2**64}, "seed"), ("n 0", {"n": 0}, "n"), ("n 2", {"n": 2}, "n"),
         ("logprobs 100", {"logprobs": 100}, "logprobs"), ("stop number", {"stop": 5}, "stop"),
         ("presence_penalty 9", {"presence_penalty": 9}, "presence_penalty"),
         ("unknown model", {"model": "no-such-model"}, "model"),
+        ("stream string", {"stream": "yes"}, "stream"), ("top_k -5", {"top_k": -5}, "top_k"),
+        ("min_p 3", {"min_p": 3}, "min_p"), ("logit_bias", {"logit_bias": {"1": 5}}, "logit_bias"),
+        ("stop numbers", {"stop": [1, 2]}, "stop"), ("max_tokens 2**70", {"max_tokens": 2**70}, "max_tokens"),
     ]
     prompts: list[tuple[str, dict, str]] = [
         ("prompt bools", {"prompt": [True, False]}, "prompt"), ("prompt object", {"prompt": {"a": 1}}, "prompt"),

@@ -56,7 +56,8 @@ def _http_kind(status: int) -> str:
 
 
 async def _http(client, url: str, body: dict) -> Answer:
-    resp = await client.post(url, json=body)
+    # json.dumps escapes lone surrogates (a hostile prompt may hold one); httpx's json= cannot encode them
+    resp = await client.post(url, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         payload = resp.json()
     except ValueError:
@@ -73,7 +74,8 @@ async def _http(client, url: str, body: dict) -> Answer:
 async def _sse(client, url: str, body: dict) -> Answer:
     """HTTP generate_stream / OpenAI stream: join the events' text."""
     parts, message = [], ""
-    async with client.stream("POST", url, json=body) as resp:
+    async with client.stream("POST", url, content=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"}) as resp:
         if resp.status_code != 200:
             raw = await resp.aread()
             return Answer(_http_kind(resp.status_code), raw.decode("utf-8", "replace"))
@@ -179,6 +181,8 @@ async def check_corpus(cases: list[Case], urls: Urls, concurrency: int = 8) -> C
                                                     REQUEST_TIMEOUT_S)
                 except asyncio.TimeoutError:
                     answer = Answer("hang")
+                except Exception as exc:  # a dropped connection is a failure of the case, not of the run
+                    answer = Answer("transport_error", f"{type(exc).__name__}: {exc}")
                 seconds = time.monotonic() - start
                 report.slowest_s = max(report.slowest_s, seconds)
                 if answer.kind == "client_error" and case.needle.lower() in answer.message.lower():
