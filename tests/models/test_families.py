@@ -173,3 +173,28 @@ def test_alibi_is_refused_by_backends_without_a_bias_term(monkeypatch) -> None:
     attention.paged_attention(q, kv, meta, 1.0)  # no bias: any backend
     with pytest.raises(NotImplementedError, match="ALiBi attention .* not on GPU yet"):
         attention.paged_attention(q, kv, meta, 1.0, alibi_slopes=torch.ones(2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
+    """On CUDA (Triton kernels, fused projections, decode CUDA graphs) against HF on CUDA, both in
+    float32; Bloom's ALiBi is refused by the Triton backend at load and runs on the reference."""
+    arch_name, path, hf_cpu = family
+    hf = copy.deepcopy(hf_cpu).cuda()
+    kw = dict(tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
+              max_num_batched_tokens=32, num_blocks=256)
+    if arch_name == "BloomForCausalLM":
+        with pytest.raises(NotImplementedError, match="ALiBi attention .* not on GPU yet"):
+            LLM(str(path), **kw)
+        kw.update(attention_backend="reference", enforce_eager=True)
+    llm = LLM(str(path), **kw)
+    prompts = _prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    try:
+        for prompt, out in zip(prompts, llm.generate(prompts, params)):
+            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
+            assert out.token_ids == ids, (arch_name, len(prompt))
+            ours = torch.tensor([lp.logprob for lp in out.logprobs])
+            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+    finally:
+        llm.shutdown()
