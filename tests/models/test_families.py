@@ -198,3 +198,15 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
             torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("preset, change, message", [
+    ("tiny-gpt2", {"activation_function": "relu"}, "unsupported GPT-2 activation_function 'relu'"),
+    ("tiny-gpt2", {"scale_attn_by_inverse_layer_idx": True}, "unsupported GPT-2 attention scaling"),
+    ("tiny-gpt2", {"add_cross_attention": True}, "add_cross_attention"),
+    ("tiny-bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+    ("tiny-qwen3", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+])
+def test_unsupported_options_are_refused_by_name(preset: str, change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelArch.from_hf_config({**PRESETS[preset], **change})
