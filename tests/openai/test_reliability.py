@@ -168,6 +168,18 @@ def test_each_prompt_of_a_request_counts(small_server):
     assert r.status_code == 200 and len(r.json()["choices"]) == 12
 
 
+def test_max_queue_0_means_no_bound(engine):
+    from tritongen.openai.server import build_app
+
+    srv = ServerThread(build_app(engine, served_model_name=MODEL, max_queue=0, max_num_seqs=1))
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": ["p"] * 20, "max_tokens": 1}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"]) == 20
+        assert srv.server.config.app.state.server.admission.in_flight == 0
+    finally:
+        srv.stop()
+
+
 # -- item 12: huge prompts ------------------------------------------------------------------------
 
 def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(server, engine):

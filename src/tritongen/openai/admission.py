@@ -4,7 +4,8 @@ The engine's num_waiting lags a burst: requests still being parsed, tokenized or
 engine thread are not in it yet, so a bound on it lets a burst of any size in. Here every engine
 request (each prompt of a multi-prompt completion is one) holds a slot from the moment it is
 admitted until its response is over, and a request that does not fit gets a 503 at once, before
-any tokenizing. The bound is max_num_seqs (the running batch) + max_queue (what may wait).
+any tokenizing. The bound is max_num_seqs (the running batch) + max_queue (what may wait), as
+on the Triton front; max_queue 0 means no bound (in-flight requests are still counted).
 
 Confined to the server's event loop: admit and release run on it only, so no lock is needed.
 """
@@ -32,13 +33,13 @@ class Ticket:
 class Admission:
     def __init__(self, max_num_seqs: int, max_queue: int, metrics=None) -> None:
         self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
-        self.capacity = max_num_seqs + max_queue
+        self.capacity = max_num_seqs + max_queue if max_queue > 0 else None
         self.in_flight = 0
         self.metrics = metrics  # a MetricsSink with the REJECTED counter, or None
 
     def admit(self, slots: int) -> Ticket:
         """Hold `slots` engine requests, or raise a 503 RequestError if they do not all fit."""
-        if self.in_flight + slots > self.capacity:
+        if self.capacity is not None and self.in_flight + slots > self.capacity:
             if self.metrics is not None:
                 self.metrics.increment(REJECTED, 1)
             raise RequestError(
@@ -49,14 +50,14 @@ class Admission:
         return Ticket(self, slots)
 
 
-def engine_max_num_seqs(engine, default: Optional[int] = None) -> int:
-    """The running-batch size of an AsyncLLM's engine (in this process), else `default`, else the
-    SchedulerConfig default."""
+def engine_max_num_seqs(engine, given: Optional[int] = None) -> int:
+    """`given`, else the running-batch size of an AsyncLLM's engine when it runs in this process,
+    else the SchedulerConfig default (an engine process keeps its scheduler to itself)."""
+    if given is not None:
+        return given
     scheduler = getattr(getattr(engine, "engine", None), "scheduler", None)
     if scheduler is not None:
         return scheduler.config.max_num_seqs
-    if default is not None:
-        return default
     from tritongen.config import SchedulerConfig
 
     return SchedulerConfig().max_num_seqs
