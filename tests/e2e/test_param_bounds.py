@@ -77,3 +77,14 @@ def test_a_seed_gives_the_same_tokens_whatever_else_is_in_the_batch(engine):
 def test_the_engine_refuses_stop_token_ids_outside_its_vocabulary(engine):
     with pytest.raises(ValueError, match="^stop_token_ids"):
         engine.validate([1, 2], SamplingParams(stop_token_ids=[engine.limits.vocab_size]))
+
+
+def test_max_model_len_beyond_learned_positions_is_refused():
+    """GPT-2's position table has no row past its end: a longer max_model_len must be refused at
+    load, not fail inside a step (on CUDA a device-side assert ends the process)."""
+    from tritongen import LLM
+    from tritongen.models.presets import PRESETS
+
+    limit = PRESETS["tiny-gpt2"]["n_positions"]
+    with pytest.raises(ValueError, match="learned positions"):
+        LLM("dummy:tiny-gpt2", device="cpu", dtype="float32", max_model_len=limit + 1)

@@ -156,6 +156,7 @@ def test_queue_bound_refuses_at_once_with_unavailable():
     results = serve(m, *[text_request() for _ in range(8)])
     codes = sorted((only_final(f).error().code() if only_final(f).error() else -1) for f in results)
     assert codes.count(-1) == 4 and codes.count(pb.TritonError.UNAVAILABLE) == 4, codes
+    assert m.metrics.counts[("tritongen_request_rejected_total", ())] == 4
 
 
 def test_engine_down_is_unavailable_never_invalid_arg():

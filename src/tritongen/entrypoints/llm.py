@@ -41,6 +41,12 @@ def create_engine(config: EngineConfig) -> EngineCore:
     eos = set(arch.eos_token_ids)
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(tokenizer.eos_token_id)
+    if (arch.position_encoding == "learned" and config.model.max_model_len
+            and config.model.max_model_len > arch.max_position_embeddings):
+        # A learned position table has no row past its end: a longer sequence would index out of
+        # it inside a step (on CUDA a device-side assert that ends the process).
+        raise ValueError(f"max_model_len {config.model.max_model_len} exceeds the model's "
+                         f"{arch.max_position_embeddings} learned positions")
     limits = EngineLimits(
         max_model_len=config.model.max_model_len or arch.max_position_embeddings,
         vocab_size=arch.vocab_size,

@@ -9,12 +9,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tritongen import metrics
 
-# Series only this front exports so far. The Triton front may add the same name to
-# metrics.COUNTERS; then that definition wins and this one steps aside (no duplicate series).
-FRONT_COUNTERS = {
-    "tritongen_request_rejected_total": "Requests refused at admission with a 503 because the server was full "
-                                        "(max_num_seqs running + max_queue waiting).",
-}
 
 
 class PrometheusSink:
@@ -27,10 +21,7 @@ class PrometheusSink:
         self._counters = {name: Counter(name, doc, ["model", "finish_reason"] if "success" in name else ["model"],
                                         registry=reg)
                           for name, doc in metrics.COUNTERS.items()}
-        for name, doc in FRONT_COUNTERS.items():
-            if name not in self._counters:
-                self._counters[name] = Counter(name, doc, ["model"], registry=reg)
-            self._counters[name].labels(model=model_name)  # exported at 0 before the first rejection
+        self._counters["tritongen_request_rejected_total"].labels(model=model_name)  # at 0 before the first one
         self._gauges = {name: Gauge(name, doc, ["model"], registry=reg) for name, doc in metrics.GAUGES.items()}
         for g in self._gauges.values():
             g.labels(model=model_name).set(0)

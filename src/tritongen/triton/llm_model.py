@@ -98,6 +98,8 @@ class TritonPythonModel:
             await self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
             return
         except _Rejected as exc:
+            if exc.full:
+                self.metrics.increment("tritongen_request_rejected_total", 1)
             await self._final(sender, codec.error_response(self.pb, str(exc), "UNAVAILABLE", tag))
             return
         except Exception as exc:  # a bug of ours: the request still ends, with the cause
@@ -149,7 +151,7 @@ class TritonPythonModel:
             raise _Rejected("the engine is not running (restarting); retry later")
         if self.max_queue and len(self._active) >= self.max_num_seqs + self.max_queue:
             raise _Rejected(f"the queue is full ({len(self._active)} requests in flight, max_queue "
-                            f"{self.max_queue} beyond max_num_seqs {self.max_num_seqs}); retry later")
+                            f"{self.max_queue} beyond max_num_seqs {self.max_num_seqs}); retry later", full=True)
         return parsed
 
     async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender,
@@ -267,7 +269,12 @@ class _UnlessClosing:
 
 
 class _Rejected(Exception):
-    """The request is refused before it reaches the engine (UNAVAILABLE: retry later)."""
+    """The request is refused before it reaches the engine (UNAVAILABLE: retry later); `full`:
+    because the queue is full (counted in tritongen_request_rejected_total)."""
+
+    def __init__(self, message: str, full: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
 
 
 class EngineRequestError(RuntimeError):
