@@ -143,10 +143,10 @@ class SuiteContext:
         free_memory()
 
     def take_weights(self, model: str) -> tuple[dict, Any]:
-        """(state dict, arch) of our engine's weights; the engine itself (KV cache, graphs) is freed.
+        """(HF-named state dict, arch) of our engine's weights; the engine itself (KV cache, graphs) is freed.
         The state dict's tensors keep only the weights alive."""
         llm = self.engine(model)
-        state, arch = llm.engine.runner.model.state_dict(), llm.engine.runner.arch
+        state, arch = llm.engine.runner.model.hf_state_dict(), llm.engine.runner.arch
         del llm
         self._engine = None
         free_memory()

@@ -193,7 +193,7 @@ def _logits_one(ctx: SuiteContext, model: str) -> tuple[dict, list[Row]]:
         ref = _prefill_logits(_copy_model(net, arch, torch.float32, torch.device("cpu")), ids, "cpu")
         got = {"fp32": _prefill_logits(net, ids, device),
                "bf16": _prefill_logits(_copy_model(net, arch, torch.bfloat16, device), ids, device)}
-        hf = hf_from_state(net.state_dict(), arch, torch.float32, device)
+        hf = hf_from_state(net.hf_state_dict(), arch, torch.float32, device)
         with torch.no_grad():
             got["hf_fp32"] = hf(torch.tensor([ids], device=device)).logits[0].float().cpu()
     finally:
