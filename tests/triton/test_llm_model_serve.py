@@ -12,7 +12,7 @@ import pytest
 
 import fake_pb_utils as pb
 from tritongen.entrypoints.async_engine import EngineDeadError
-from tritongen.triton import codec, control, llm_model
+from tritongen.triton import codec, control, llm_model, values
 from tritongen.types import RequestOutput
 
 
@@ -186,8 +186,8 @@ def test_control_token_file_is_private_and_names_this_process(tmp_path, monkeypa
 
 
 def test_json_depth_skips_brackets_in_strings():
-    assert codec._json_depth(json.dumps({"stop": ["[[[[[[[[[[[[", "{{{{{{"]})) == 2
-    assert codec._json_depth('{"a": "\\"[[[["}') == 1
+    assert values.json_depth(json.dumps({"stop": ["[[[[[[[[[[[[", "{{{{{{"]})) == 2
+    assert values.json_depth('{"a": "\\"[[[["}') == 1
 
 
 def test_drain_file_ends_requests_in_flight_unavailable_and_stops_metrics(tmp_path):

@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from tritongen.triton.values import (TENSOR_KINDS, InvalidInput, convert, json_list, json_object,
+                                     short)
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
-
-
-class InvalidInput(ValueError):
-    """A request input is missing, ill-typed or out of range; the message names the input."""
 
 
 @dataclass(frozen=True)
@@ -161,57 +158,6 @@ def _flat(request, pb, name: str) -> Optional[np.ndarray]:
     return np.asarray(tensor.as_numpy()).reshape(-1)
 
 
-def _convert(value: Any, kind: type, name: str) -> Any:
-    """One numpy / JSON value -> int | float | bool | str, or InvalidInput naming `name`."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, bytes):
-        value = _decode(value, name)
-    try:
-        if kind is bool:
-            if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
-                return value.strip().lower() in ("true", "1")
-            if isinstance(value, (bool, int)) and value in (0, 1):
-                return bool(value)
-            raise ValueError
-        if kind is int:
-            if isinstance(value, bool):
-                raise ValueError
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            result = int(value.strip()) if isinstance(value, str) else int(value)
-            if _INT_MIN <= result <= _INT_MAX:
-                return result
-            raise ValueError
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            result = float(value)
-            if not math.isfinite(result):
-                raise ValueError
-            return result
-        if kind is str:
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-    except (TypeError, ValueError, OverflowError):
-        pass
-    raise InvalidInput(f"input '{name}' must be {_KIND_NAMES[kind]}, got {_short(value)}")
-
-
-_KIND_NAMES = {bool: "a boolean", int: "an integer in [-2**63, 2**64 - 1]", float: "a finite number",
-               str: "a string"}
-_TENSOR_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what an INT64 or UINT64 tensor can hold
-
-
-def _decode(raw: bytes, name: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"input '{name}' is not valid UTF-8: {exc}") from None
-
-
 def _scalar(request, pb, name: str, kind: type) -> Any:
     flat = _flat(request, pb, name)
     if flat is None or flat.size == 0:
@@ -219,8 +165,8 @@ def _scalar(request, pb, name: str, kind: type) -> Any:
     if flat.size > 1:
         raise InvalidInput(f"input '{name}' must hold one value, got {flat.size} (batch size must be 1)")
     if kind is not str and flat.dtype == np.object_:
-        raise InvalidInput(f"input '{name}' must be {_TENSOR_KINDS[kind]} tensor, got BYTES")
-    return _convert(flat[0], kind, name)
+        raise InvalidInput(f"input '{name}' must be {TENSOR_KINDS[kind]} tensor, got BYTES")
+    return convert(flat[0], kind, name)
 
 
 def _strings(request, pb, name: str) -> Optional[list[str]]:
@@ -229,7 +175,7 @@ def _strings(request, pb, name: str) -> Optional[list[str]]:
         return None
     if flat.dtype != np.object_ and flat.dtype.kind not in "SU":
         raise InvalidInput(f"input '{name}' must be a BYTES tensor, got {flat.dtype}")
-    return [s for s in (_convert(v, str, name) for v in flat) if s]
+    return [s for s in (convert(v, str, name) for v in flat) if s]
 
 
 def abort_target(request, pb) -> Optional[str]:
@@ -259,100 +205,27 @@ def _prompt(request, pb) -> tuple[Union[str, list[int]], bool]:
     return text, False
 
 
-MAX_JSON_CHARS = 65536
-"""Longest sampling_parameters / request parameters text: the largest legitimate one (stop strings
-included) is a few kilobytes, and json.loads of megabytes would hold the request's thread."""
-MAX_JSON_DEPTH = 8
-"""Deepest nesting accepted in those JSON objects (the vllm layout needs 2: an object of lists)."""
-
-
-def _json_object(raw: Optional[str], name: str) -> dict:
-    if raw is None or not raw.strip():
-        return {}
-    if len(raw) > MAX_JSON_CHARS:
-        raise InvalidInput(f"input '{name}' is {len(raw)} characters long; at most {MAX_JSON_CHARS} are accepted")
-    if _json_depth(raw) > MAX_JSON_DEPTH:
-        raise InvalidInput(f"input '{name}' nests deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"input '{name}' is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
-        raise InvalidInput(f"input '{name}' holds a value that cannot be read: {_short(str(exc), plain=True)}") from None
-    if not isinstance(obj, dict):
-        raise InvalidInput(f"input '{name}' must be a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _json_depth(raw: str) -> int:
-    """Deepest bracket nesting of a JSON text, brackets inside strings skipped; linear time,
-    no recursion (json.loads itself recurses once per level)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _short(value: Any, limit: int = 80, plain: bool = False) -> str:
-    """repr of a client's value (the string itself when `plain`) for an error message, cut to
-    `limit` characters: a message must stay readable whatever the client sent."""
-    try:
-        text = value if plain and isinstance(value, str) else repr(value)
-    except (RecursionError, ValueError):
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _json_list(value: Any, kind: type, name: str) -> list:
-    if isinstance(value, str):
-        stripped = value.strip()
-        if kind is int or stripped.startswith("["):
-            try:
-                value = json.loads(stripped)
-            except json.JSONDecodeError:
-                raise InvalidInput(f"'{name}' must be a list, got {_short(value)}") from None
-        else:
-            value = [value]  # a single stop string
-    if not isinstance(value, list):
-        value = [value]
-    return [_convert(v, kind, name) for v in value]
-
-
 def _apply_json(fields: dict, obj: dict, source: str, strict: bool) -> dict:
     """Copy sampling keys of `obj` into `fields`; return the request-level keys found."""
     extra = {}
     for key, value in obj.items():
-        where = f"{source}.{_short(key, 64, plain=True)}"
+        where = f"{source}.{short(key, 64, plain=True)}"
         if key in _JSON_PARAMS:
             kind = _JSON_PARAMS[key]
             if value is None:
                 continue
             if kind is list:
-                fields[key] = _json_list(value, str if key == "stop" else int, where)
+                fields[key] = json_list(value, str if key == "stop" else int, where)
             else:
-                fields[key] = _convert(value, kind, where)
+                fields[key] = convert(value, kind, where)
         elif key in _JSON_FIXED:
             expected = _JSON_FIXED[key]
-            if _convert(value, type(expected), where) != expected:
-                raise InvalidInput(f"'{where}' must be {expected!r} (not supported otherwise), got {_short(value)}")
+            if convert(value, type(expected), where) != expected:
+                raise InvalidInput(f"'{where}' must be {expected!r} (not supported otherwise), got {short(value)}")
         elif key in _JSON_REQUEST_KEYS:
-            extra[key] = _convert(value, bool, where)
+            extra[key] = convert(value, bool, where)
         elif strict:
-            raise InvalidInput(f"unknown sampling parameter '{source}.{_short(key, 64, plain=True)}'; known: "
+            raise InvalidInput(f"unknown sampling parameter '{source}.{short(key, 64, plain=True)}'; known: "
                                f"{', '.join(sorted(_JSON_PARAMS))}")
     return extra
 
@@ -363,7 +236,7 @@ def _request_parameters(request) -> dict:
     if getter is None:
         return {}
     raw = getter()
-    obj = _json_object(raw if isinstance(raw, str) else json.dumps(raw or {}), "parameters")
+    obj = json_object(raw if isinstance(raw, str) else json.dumps(raw or {}), "parameters")
     return {k: v for k, v in obj.items() if not k.startswith("triton_")}
 
 
@@ -392,7 +265,7 @@ def parse_request(request, pb) -> ParsedRequest:
         raise
     except (TypeError, ValueError, OverflowError, RecursionError, UnicodeError) as exc:
         raise InvalidInput(f"the request's inputs could not be read: {type(exc).__name__}: "
-                           f"{_short(str(exc), 200, plain=True)}") from None
+                           f"{short(str(exc), 200, plain=True)}") from None
 
 
 def _parse(request, pb) -> ParsedRequest:
@@ -400,7 +273,7 @@ def _parse(request, pb) -> ParsedRequest:
     fields: dict[str, Any] = {}
     extra = _apply_json(fields, _request_parameters(request), "parameters", strict=False)
     raw = _scalar(request, pb, "sampling_parameters", str)
-    extra.update(_apply_json(fields, _json_object(raw, "sampling_parameters"), "sampling_parameters", strict=True))
+    extra.update(_apply_json(fields, json_object(raw, "sampling_parameters"), "sampling_parameters", strict=True))
     for name, (attr, kind) in _SCALAR_PARAMS.items():
         value = _scalar(request, pb, name, kind)
         if value is None:

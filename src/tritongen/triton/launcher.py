@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
