@@ -8,7 +8,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Optional
 
-from tritongen.config import ENGINE_CONFIG_PARTS
+from tritongen.config import DEFAULT_MAX_QUEUE, ENGINE_CONFIG_PARTS
 
 
 
@@ -143,7 +143,7 @@ def add_serve_parser(sub) -> None:
     o.add_argument("--host", default="127.0.0.1")
     o.add_argument("--port", type=int, default=9000)
     o.add_argument("--api-key", default=None, help="require this bearer token")
-    o.add_argument("--max-queue", type=int, default=4096,
+    o.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests that may wait beyond max_num_seqs running (both frontends; 0 = no bound); "
                         "more get 503 / UNAVAILABLE at once")
     o.add_argument("--served-model-name", default=None, help="model name in the API (default: from --model)")

@@ -85,6 +85,10 @@ class EngineConfig:
         return cls(**parts)
 
 
+DEFAULT_MAX_QUEUE = 4096
+"""Both frontends' default admission bound: requests that may wait beyond max_num_seqs running
+(`--max-queue`, the `llm` model parameter `max_queue`; 0 = no bound)."""
+
 ENGINE_CONFIG_PARTS: tuple[tuple[str, type], ...] = (
     ("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
 """EngineConfig's parts by field name; every field of every part is a flat engine option (CLI flag,

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from tritongen.config import DEFAULT_MAX_QUEUE
 from tritongen.triton import control
 from tritongen.triton.launcher import CPU_NOTE, TritonServer
-
-DEFAULT_MAX_QUEUE = 4096
 
 
 def register(subparsers) -> None:

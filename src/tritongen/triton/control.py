@@ -70,13 +70,18 @@ def engine_pid(model_name: str, server_pid: Optional[int] = None) -> Optional[in
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
-def process_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie, dead but not yet reaped by the server, counts as gone)."""
+def process_state(pid: int) -> Optional[str]:
+    """The state letter of /proc/<pid>/stat (R, S, Z, ...), None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()[0]  # the name in parentheses may hold spaces
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped by the server, counts as gone)."""
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def remove_token(model_name: str) -> None:

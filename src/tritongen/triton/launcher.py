@@ -168,11 +168,10 @@ def _read_stub(pid: int) -> Optional[StubProcess]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    except OSError:
         return None
-    if len(argv) < 3 or not argv[0].endswith(STUB_NAME):
+    state = control.process_state(pid)
+    if state is None or len(argv) < 3 or not argv[0].endswith(STUB_NAME):
         return None
     model = Path(argv[1]).parent.parent.name
     return StubProcess(pid, model, argv[2], argv, state in ("Z", "X"))

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from tritongen.config import EngineConfig
+from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec, control
 from tritongen.triton.loop import LoopThread
@@ -60,7 +60,7 @@ class TritonPythonModel:
         self.stream_interval = stream_interval(config.get("parameters", {}))
         self.max_queue = max_queue(config.get("parameters", {}))
         kwargs = engine_kwargs_from_config(config.get("parameters", {}))
-        self.max_num_seqs = kwargs.get("max_num_seqs") or EngineConfig.from_kwargs(**kwargs).scheduler.max_num_seqs
+        self.max_num_seqs = EngineConfig.from_kwargs(**kwargs).scheduler.max_num_seqs
         self.engine = AsyncLLM(**kwargs)
         self._closing = False
         self._control_token = control.publish_token(args["model_name"])
@@ -118,18 +118,16 @@ class TritonPythonModel:
             await self._generate(request_id, parsed, sender, timer)
         except asyncio.CancelledError:
             await self.engine.abort(request_id)  # blocks are free when this returns
-            if self._closing:  # no metric updates: each is a round trip to a server that is unloading us
-                response = codec.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
-            else:
-                timer.on_end("abort", self.metrics)
-                self._update_gauges()
-                response = codec.error_response(self.pb, "request cancelled", "CANCELLED", tag)
+            timer.on_end("abort", self.metrics)  # the sink is silent once closing (_UnlessClosing)
+            self._update_gauges()
+            response = (codec.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
+                        if self._closing else codec.error_response(self.pb, "request cancelled", "CANCELLED", tag))
             await self._final(sender, response, request_id)
         except Exception as exc:
             code = codec.error_code_for(exc)
             if code == "INTERNAL":
                 logger.exception("request %s failed", request_id)
-            if code != "INVALID_ARG" and not self._closing:
+            if code != "INVALID_ARG":
                 timer.on_end("error", self.metrics)
             await self._final(sender, codec.error_response(self.pb, str(exc), code, tag), request_id)
         finally:
@@ -239,8 +237,6 @@ class TritonPythonModel:
             active.task.cancel()
 
     def _update_gauges(self) -> None:
-        if self._closing:
-            return
         try:
             update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
@@ -279,9 +275,6 @@ class _Rejected(Exception):
 
 class EngineRequestError(RuntimeError):
     """The engine ended this request with an error of its own (INTERNAL); other requests go on."""
-
-
-DEFAULT_MAX_QUEUE = 4096
 
 
 def max_queue(parameters: dict) -> int:
