@@ -3,9 +3,9 @@
 Why: in one process the engine thread's Python work (scheduling, detokenizing) shares the GIL
 with everything the frontend does per token. Inside Triton's Python stub that frontend work (a
 response, its tensors and a blocking send per token per request) slowed every engine step from
-12.5 to 20.8 ms at concurrency 128 (docs/benchmarks.md, fourth session). Here the child process
-owns the EngineCore (model, KV cache, scheduler, detokenizers); the parent keeps the tokenizer (to
-validate and tokenize in the caller's thread, as before) and a reader thread.
+12.5 to 20.8 ms at concurrency 128 (docs/benchmarks.md, "Triton's response path", 2026-11-30).
+Here the child process owns the EngineCore (model, KV cache, scheduler, detokenizers); the parent
+keeps the tokenizer (it validates and tokenizes in the caller's thread) and a reader thread.
 
 Protocol over one socket pair (multiprocessing Connection, pickled tuples):
   parent -> child: ("add", request_id, token_ids, params, prompt_text), ("abort", request_id, ack),

@@ -24,7 +24,7 @@ results are bitwise the same run to run; it stores y and resets the counter for 
 single pass (no workspace, no atomics). Split configurations are just more candidates for
 select_kernels, so they are used only where measured faster. On the H200 they did not help the TP=2
 shapes (latency-bound: 26 MB in 9 us, whatever the tiling) but won on the 13B down_proj at 1 row
-and the 7B o_proj / down_proj at 8 rows (docs/benchmarks.md, seventh session).
+and the 7B o_proj / down_proj at 8 rows (docs/benchmarks.md, "split-K decode GEMMs", 2026-12-01).
 """
 from __future__ import annotations
 
