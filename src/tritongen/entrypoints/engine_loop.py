@@ -8,6 +8,7 @@ error poisons the context). Used by AsyncLLM's engine thread and by the engine p
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from typing import Callable, Optional, TypeVar
@@ -65,7 +66,7 @@ def run_engine_loop(engine, drain: Callable[[bool], bool],
 
 def rebuild(build: Callable[[], T], stop: threading.Event) -> Optional[T]:
     """build() until it succeeds, waiting longer after each failure; None once `stop` is set."""
-    for attempt in range(1 << 30):
+    for attempt in itertools.count():
         if stop.is_set():
             return None
         try:
@@ -75,4 +76,3 @@ def rebuild(build: Callable[[], T], stop: threading.Event) -> Optional[T]:
             logger.exception("restarting the engine failed (attempt %d); next try in %.1f s", attempt + 1, delay)
             if stop.wait(delay):
                 return None
-    return None
