@@ -1,0 +1,161 @@
+"""FP8 (e4m3) linear layers: quantization, the scale layouts of published FP8 checkpoints, and the
+reference product every FP8 kernel is checked against.
+
+A weight is stored as float8_e4m3fn [N, K] with float32 scales so that `w ≈ q * scale`, in one of
+three layouts (`Fp8Scales.kind`):
+- "channel": one scale per output row, [N] (what `--quantization fp8` makes from a bf16 checkpoint);
+- "tensor": one scale for the whole weight, [] (compressed-tensors' per-tensor strategy);
+- "block": one scale per (block_n x block_k) tile, [ceil(N/bn), ceil(K/bk)] (HF's "fp8" method with
+  `weight_block_size`, stored there as `weight_scale_inv`, and compressed-tensors' block strategy).
+Activations are quantized per token at run time (`dynamic`), or left in bf16 (weight-only, where a
+skinny decode GEMM reads the weight bytes and upcasts in registers).
+
+Pure torch; runs on the CPU (the reference dequantizes to float32 and multiplies there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
+_MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of 0 (no division by zero)
+SCALE_KINDS = ("channel", "tensor", "block")
+
+
+@dataclass(frozen=True)
+class Fp8Scales:
+    """How a weight's scales are laid out: `kind` one of SCALE_KINDS; `block` (bn, bk) for "block"."""
+
+    kind: str
+    block: Optional[tuple[int, int]] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCALE_KINDS:
+            raise ValueError(f"fp8 scale layout must be one of {SCALE_KINDS}, got {self.kind!r}")
+        if (self.kind == "block") != (self.block is not None):
+            raise ValueError("a block size is given exactly for the 'block' scale layout")
+        if self.block is not None and (len(self.block) != 2 or min(self.block) < 1):
+            raise ValueError(f"fp8 block size must be two positive integers, got {self.block!r}")
+
+    def shape(self, n: int, k: int) -> tuple[int, ...]:
+        """The scale tensor's shape for an [n, k] weight."""
+        if self.kind == "channel":
+            return (n,)
+        if self.kind == "tensor":
+            return ()
+        bn, bk = self.block
+        return (math.ceil(n / bn), math.ceil(k / bk))
+
+
+def quantize_weight(w: torch.Tensor, scales: Fp8Scales = Fp8Scales("channel")) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q float8_e4m3fn [N, K], scale float32) with w ≈ q * scale, the scale chosen so that each
+    group's largest magnitude maps to E4M3_MAX."""
+    if w.dim() != 2:
+        raise ValueError(f"fp8 weights are 2-D, got shape {tuple(w.shape)}")
+    w32 = w.float()
+    n, k = w32.shape
+    if scales.kind == "channel":
+        scale = (w32.abs().amax(dim=1) / E4M3_MAX).clamp(min=_MIN_SCALE)
+        return (w32 / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+    if scales.kind == "tensor":
+        scale = (w32.abs().amax() / E4M3_MAX).clamp(min=_MIN_SCALE)
+        return (w32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+    bn, bk = scales.block
+    sn, sk = scales.shape(n, k)
+    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32, device=w.device)
+    padded[:n, :k] = w32
+    tiles = padded.view(sn, bn, sk, bk)
+    scale = (tiles.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp(min=_MIN_SCALE)
+    q = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).view(sn * bn, sk * bk)[:n, :k]
+    return q.to(E4M3).contiguous(), scale
+
+
+def expand_scales(scale: torch.Tensor, scales: Fp8Scales, n: int, k: int) -> torch.Tensor:
+    """The per-element scale [N, K] (float32) of a weight's scale tensor, or a broadcastable view."""
+    want = scales.shape(n, k)
+    if tuple(scale.shape) != want and not (scales.kind == "tensor" and scale.numel() == 1):
+        raise ValueError(f"fp8 {scales.kind} scales of an [{n}, {k}] weight have shape {list(want)}, "
+                         f"got {list(scale.shape)}")
+    s = scale.float()
+    if scales.kind == "channel":
+        return s[:, None]
+    if scales.kind == "tensor":
+        return s.reshape(())
+    bn, bk = scales.block
+    return s.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales) -> torch.Tensor:
+    """float32 [N, K] weight of an fp8 one."""
+    n, k = q.shape
+    return q.float() * expand_scales(scale, scales, n, k)
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token activation quantization: (q [M, K] e4m3, scale float32 [M, 1])."""
+    x32 = x.float()
+    scale = (x32.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=_MIN_SCALE)
+    return (x32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
+                   bias: Optional[torch.Tensor] = None, dynamic: bool = True) -> torch.Tensor:
+    """x @ dequant(q).T (+ bias) in float32, returned in x's dtype. `dynamic`: x is quantized per
+    token first, as the FP8 tensor-core GEMM sees it; else it is used as given (weight-only)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if dynamic:
+        xq, xs = quantize_tokens(x2)
+        xf = xq.float() * xs
+    else:
+        xf = x2.float()
+    out = xf @ dequantize_weight(q, scale, scales).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*shape[:-1], q.shape[0])
+
+
+class Fp8Linear(nn.Module):
+    """A linear layer with an fp8 weight ("weight", float8_e4m3fn [out, in]) and its float32
+    "weight_scale" in the layout `scales` says; the bias (if any) stays in the model dtype."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, scales: Fp8Scales,
+                 dynamic: bool = True, dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.scales, self.dynamic = scales, dynamic
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=E4M3, device=device),
+                                   requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.ones(scales.shape(out_features, in_features),
+                                                    dtype=torch.float32, device=device), requires_grad=False)
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
+                     if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel"),
+                    dynamic: bool = True) -> "Fp8Linear":
+        """Quantize a loaded linear layer's weight (bf16/fp16/fp32) into a new Fp8Linear."""
+        w = linear.weight.detach()
+        out = cls(linear.in_features, linear.out_features, linear.bias is not None, scales, dynamic,
+                  dtype=w.dtype, device=w.device)
+        q, s = quantize_weight(w, scales)
+        with torch.no_grad():
+            out.weight.copy_(q)
+            out.weight_scale.copy_(s)
+            if linear.bias is not None:
+                out.bias.copy_(linear.bias.detach())
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear_ref(x, self.weight, self.weight_scale, self.scales, self.bias, self.dynamic)
+
+    def extra_repr(self) -> str:
+        block = f", block={self.scales.block}" if self.scales.block else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"scales={self.scales.kind}{block}, dynamic={self.dynamic}, bias={self.bias is not None}")
