@@ -180,28 +180,31 @@ def paged_attention(
     scale: float,
     sliding_window: Optional[int] = None,
     alibi_slopes: Optional[torch.Tensor] = None,
+    logit_softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over each sequence's cached context; returns [T, Hq, D].
-    `alibi_slopes` [Hq] adds ALiBi's position bias; only the reference has that term so far."""
+    `alibi_slopes` [Hq] float32 adds ALiBi's position bias (Bloom); `logit_softcap` c caps the
+    scaled scores s at c * tanh(s / c) (Gemma 2). Only the reference has those terms so far."""
     backend = _backend_for(q)
-    if alibi_slopes is None:
+    if alibi_slopes is None and logit_softcap is None:
         return backend.paged_attention(q, kv_cache, meta, scale, sliding_window)
     if backend is not _BACKENDS["reference"]:
         raise NotImplementedError(
-            f"ALiBi attention (Bloom) is not on GPU yet: the {_backend_name!r} paged-attention kernels have no "
-            "position-bias term; run on CPU (--device cpu) or with attention_backend 'reference'")
-    return reference.paged_attention_ref(q, kv_cache, meta, scale, sliding_window, alibi_slopes)
+            f"ALiBi and logit softcapping are not on GPU yet: the {_backend_name!r} paged-attention kernels have "
+            "neither term; run on CPU (--device cpu) or with attention_backend 'reference'")
+    return reference.paged_attention_ref(q, kv_cache, meta, scale, sliding_window, alibi_slopes, logit_softcap)
 
 
 def rotary_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                     sliding_window: Optional[int] = None) -> torch.Tensor:
+                     sliding_window: Optional[int] = None, logit_softcap: Optional[float] = None) -> torch.Tensor:
     """One layer's attention from un-rotated q [T, Hq, D], k, v [T, Hkv, D]: rotate q and k by
-    cos/sin [T, D], store k and v at meta.slot_mapping, attend; returns [T, Hq, D]. Decode batches
-    (max_query_len 1, a host int: no sync) take the backend's fused decode kernel where it has one."""
+    cos/sin [T, D], store k and v at meta.slot_mapping, attend (scores capped by `logit_softcap`
+    as in paged_attention); returns [T, Hq, D]. Decode batches (max_query_len 1, a host int: no
+    sync) take the backend's fused decode kernel where it has one."""
     backend = _backend_for(q)
-    if backend.decode_attention is not None and meta.max_query_len == 1:
+    if backend.decode_attention is not None and meta.max_query_len == 1 and logit_softcap is None:
         return backend.decode_attention(q, k, v, cos, sin, kv_cache, meta, scale, sliding_window)
     # Write first: this step's queries attend to their own keys through the cache.
     q = rotary_and_write_kv(q, k, v, cos, sin, kv_cache, meta.slot_mapping)
-    return paged_attention(q, kv_cache, meta, scale, sliding_window)
+    return paged_attention(q, kv_cache, meta, scale, sliding_window, logit_softcap=logit_softcap)

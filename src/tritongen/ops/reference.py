@@ -165,17 +165,20 @@ def causal_mask(q_len: int, seq_len: int, device: torch.device,
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-           alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+           alibi_slopes: Optional[torch.Tensor] = None, logit_softcap: Optional[float] = None) -> torch.Tensor:
     """Masked softmax attention of q [L, Hq, D] over k, v [S, Hkv, D] in float32; GQA by repeating KV.
-    With `alibi_slopes` [Hq], head h adds slope_h * key_position to its scores (HF Bloom's form:
-    the key's absolute position, which softmax sees as the relative distance, since what is
-    constant along a query's row cancels)."""
+    With `logit_softcap` c, the scaled scores s become c * tanh(s / c) before the mask (Gemma 2's
+    attn_logit_softcapping, HF's order: scale, cap, mask). With `alibi_slopes` [Hq], head h adds
+    slope_h * key_position to its scores (HF Bloom's form: the key's absolute position, which
+    softmax sees as the relative distance, since what is constant along a query's row cancels)."""
     n_rep = q.shape[1] // k.shape[1]
     # Query head h reads KV head h // n_rep, as HF's repeat_kv lays them out.
     k = k.repeat_interleave(n_rep, dim=1) if n_rep > 1 else k
     v = v.repeat_interleave(n_rep, dim=1) if n_rep > 1 else v
     qf, kf, vf = (t.to(torch.float32).transpose(0, 1) for t in (q, k, v))  # [H, L|S, D]
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale
+    if logit_softcap is not None:
+        scores = torch.tanh(scores / logit_softcap) * logit_softcap
     if alibi_slopes is not None:
         k_pos = torch.arange(k.shape[0], device=q.device, dtype=torch.float32)
         scores = scores + alibi_slopes.to(torch.float32)[:, None, None] * k_pos[None, None, :]
@@ -191,9 +194,10 @@ def paged_attention_ref(
     scale: float,
     sliding_window: Optional[int] = None,
     alibi_slopes: Optional[torch.Tensor] = None,
+    logit_softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Causal attention of the flat batch q [T, Hq, D] against each sequence's cached K/V, with an
-    ALiBi bias when `alibi_slopes` [Hq] is given (see attend).
+    ALiBi bias when `alibi_slopes` [Hq] is given and capped scores with `logit_softcap` (see attend).
 
     Sequence i's queries are q[query_start_loc[i]:query_start_loc[i+1]], at the last q_len of its
     seq_lens[i] positions; the cache must already hold all seq_lens[i] positions (write first).
@@ -206,5 +210,5 @@ def paged_attention_ref(
             continue
         k, v = gather_kv(kv_cache, meta.block_tables[i], seq_len)
         mask = causal_mask(end - start, seq_len, q.device, sliding_window)
-        out[start:end] = attend(q[start:end], k, v, mask, scale, alibi_slopes)
+        out[start:end] = attend(q[start:end], k, v, mask, scale, alibi_slopes, logit_softcap)
     return out
