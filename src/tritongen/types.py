@@ -182,6 +182,8 @@ class RequestOutput:
     cumulative_logprob: Optional[float] = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
+    first_scheduled_time: Optional[float] = None
+    """Wall-clock time (time.time()) of the first engine step that scheduled the request."""
     error: Optional[str] = None
     """Set when the request ended because of an internal error (finish_reason is then "error"):
     fronts answer INTERNAL / 500 with it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
@@ -211,6 +212,11 @@ class EngineCore:
         self._pending_outputs += self._emit(updated)
 
     def _count(self, sched: SchedulerOutput) -> None:
+        now = time.time()
+        for scheduled in sched.seqs:
+            seq = self.scheduler.requests.get(scheduled.request_id)
+            if seq is not None and seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
         self.num_steps += 1
         self.num_steps_ahead += sched.input_from_previous
         self.num_prefill_steps += any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
@@ -284,6 +290,7 @@ class EngineCore:
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             prompt_logprobs=list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens,
+            first_scheduled_time=seq.first_scheduled_time,
         )
 
     def shutdown(self) -> None:

@@ -40,6 +40,8 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_cached_tokens = 0
         """Prompt tokens found in the prefix cache when first scheduled."""
+        self.first_scheduled_time: Optional[float] = None
+        """Wall-clock time (time.time()) of the first step that scheduled this request."""
         self.num_registered_blocks = 0
         """Full blocks of block_table already published to the prefix cache."""
         self.block_hashes: list[int] = []

@@ -51,11 +51,13 @@ class Delta:
     num_cached_tokens: int
     error: Optional[str]
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
+    first_scheduled_time: Optional[float] = None
 
 
 def to_delta(out: RequestOutput, first: bool) -> Delta:
     return Delta(out.request_id, out.delta_token_ids, out.delta_text, out.finish_reason, out.delta_logprobs,
-                 out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None)
+                 out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None,
+                 out.first_scheduled_time)
 
 
 @dataclass
@@ -82,7 +84,7 @@ class OutputAccumulator:
                              finish_reason=d.finish_reason, prompt=self.prompt, logprobs=self.logprobs,
                              delta_logprobs=d.logprobs, prompt_logprobs=self.prompt_logprobs,
                              cumulative_logprob=d.cumulative_logprob, num_cached_tokens=d.num_cached_tokens,
-                             error=d.error)
+                             error=d.error, first_scheduled_time=d.first_scheduled_time)
 
 
 class RemoteEngine:
