@@ -1,0 +1,177 @@
+"""Fused MoE on CUDA: a grouped GEMM over the tokens sorted by expert (Triton).
+
+A step's T tokens each pick k experts: P = T*k (token, slot) pairs, pair p = t*k + j. `align`
+sorts the pairs by expert and pads every expert's run to a multiple of BLOCK_M, so each BLOCK_M-row
+block of the sorted order belongs to one expert (`block_expert`); padding rows hold the id P and
+read nothing. Two kernels then walk those blocks:
+  gate_up  h[p] = silu(x[t] @ W1[e].T) * (x[t] @ W3[e].T)  (both halves of w13 in one program,
+           SiLU·mul in the epilogue), h [P, I];
+  down     y[p] = topk_weight[p] * (h[p] @ W2[e].T), y [P, H];
+and the k rows of each token are summed in float32 (a fixed order: deterministic, no atomics).
+Every shape is static for a given T (the sort, the padding and the block count are computed on
+the device, never read back), so decode steps run inside CUDA graphs. Blocks past the padded
+total exit at once. The tile shapes of each (N, K, BLOCK_M) are picked by Triton's autotuner on
+first use (before graph capture: the graph builder runs each batch size once eagerly first).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+
+def block_m_for(num_pairs: int, num_experts: int) -> int:
+    """Rows per block: about the mean pairs per expert (less padding for decode batches), 16..64."""
+    per_expert = num_pairs / num_experts
+    for bm in (16, 32):
+        if per_expert <= bm:
+            return bm
+    return 64
+
+
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_ids [S], block_expert [S / block_m], num_padded [1]) of the pairs sorted by expert,
+    each expert's run padded to a multiple of block_m with the id P; S is the static bound
+    round_up(P + min(E, P) * (block_m - 1), block_m)."""
+    flat = topk_ids.flatten()
+    pairs = flat.numel()
+    device = flat.device
+    size = -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    expert_sorted = flat[order]
+    first_of_expert = torch.cumsum(counts, 0) - counts  # where each expert's run starts, unpadded
+    rank = torch.arange(pairs, device=device) - first_of_expert[expert_sorted]
+    position = ends[expert_sorted] - padded[expert_sorted] + rank
+    sorted_ids = torch.full((size,), pairs, dtype=torch.int32, device=device)
+    sorted_ids[position] = order.to(torch.int32)
+    block_start = torch.arange(0, size, block_m, device=device)
+    block_expert = torch.searchsorted(ends, block_start, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, h_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+                    num_pairs, N, K, top_k, stride_xm, stride_we, stride_wn, stride_hm,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    token = (pair // top_k).to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + token[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the gate rows
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, g, acc_g)
+            acc_u = tl.dot(a, u, acc_u)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    h_ptrs = h_ptr + pair[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+                 num_pairs, N, K, stride_hm, stride_we, stride_wn, stride_ym,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    rows = pair.to(tl.int64)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = h_ptr + rows[:, None] * stride_hm + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    scale = tl.load(weights_ptr + rows, mask=valid, other=0.0)
+    y = acc * scale[:, None]
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+def _configs() -> list[triton.Config]:
+    tiles = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (128, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in tiles]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Blocks of 16 rows (decode) try narrow, deep tiles: more programs stream the weights at
+    once; larger blocks try wide tiles, which reuse each loaded row of x more."""
+    small = {**named_args, **kwargs}["BLOCK_M"] <= 16
+    return [c for c in configs if (c.kwargs["BLOCK_N"] <= 64 if small else c.kwargs["BLOCK_N"] >= 64)]
+
+
+_TUNE = dict(configs=_configs(), key=["N", "K", "BLOCK_M", "IEEE"], prune_configs_by={"early_config_prune": _prune})
+_gate_up_tuned = triton.autotune(**_TUNE)(_gate_up_kernel)
+_down_tuned = triton.autotune(**_TUNE)(_down_kernel)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, config: Optional[dict] = None) -> torch.Tensor:
+    """ops.moe.fused_experts on the Triton kernels. `config` ({"BLOCK_M", "BLOCK_N", "BLOCK_K"},
+    optional num_warps / num_stages) fixes the tiles instead of autotuning (tests, the interpreter)."""
+    tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    pairs = tokens * top_k
+    x = x.contiguous()
+    if pairs == 0:
+        return torch.zeros_like(x)
+    bm = config["BLOCK_M"] if config else block_m_for(pairs, num_experts)
+    sorted_ids, block_expert, num_padded = align(topk_ids, num_experts, bm)
+    blocks = block_expert.numel()
+    h = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    weights = topk_weights.to(torch.float32).contiguous().view(-1)
+    ieee = x.dtype == torch.float32  # float32 stays float32 (no TF32) for parity runs
+    common = dict(BLOCK_M=bm, IEEE=ieee)
+    if config:
+        common.update({k: v for k, v in config.items() if k != "BLOCK_M"})
+    gate_up = _gate_up_kernel if config else _gate_up_tuned
+    down = _down_kernel if config else _down_tuned
+    gate_up[lambda m: (blocks, triton.cdiv(inter, m["BLOCK_N"]))](
+        x, w13, h, sorted_ids, block_expert, num_padded, pairs, inter, hidden, top_k,
+        x.stride(0), w13.stride(0), w13.stride(1), h.stride(0), **common)
+    down[lambda m: (blocks, triton.cdiv(hidden, m["BLOCK_N"]))](
+        h, w2, y, weights, sorted_ids, block_expert, num_padded, pairs, hidden, inter,
+        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0), **common)
+    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
