@@ -82,7 +82,7 @@ def model(engine, max_queue=0, max_num_seqs=4, token="t" * 64):
     m = llm_model.TritonPythonModel.__new__(llm_model.TritonPythonModel)
     m.pb, m.engine, m.metrics, m.batch_dim, m.stream_interval = pb, engine, Sink(), False, 1
     m.max_queue, m.max_num_seqs, m._closing, m._control_token = max_queue, max_num_seqs, False, token
-    m._active, m._ids, m._counted = {}, itertools.count(), {}
+    m._active, m._ids, m._counted, m.block_size = {}, itertools.count(), {}, 16
     m._senders = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tritongen-send")
     return m
 

@@ -47,7 +47,7 @@ class Sender:
 def run(interval: int):
     model = llm_model.TritonPythonModel.__new__(llm_model.TritonPythonModel)
     model.pb, model.engine, model.metrics, model.batch_dim = pb, ScriptedEngine(), NullSink(), False
-    model.stream_interval, model._active = interval, {}
+    model.stream_interval, model._active, model.block_size = interval, {}, 16
     model._senders = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="tritongen-send")
     request = pb.InferenceRequest({"text_input": np.array([b"x"], dtype=np.object_), "stream": np.array([True]),
                                    "sampling_parameters": np.array([json.dumps({"max_tokens": 7}).encode()],
@@ -69,10 +69,10 @@ def test_stream_interval_groups_tokens_and_the_final_carries_the_rest(interval, 
     assert all(t.startswith("tritongen-send") for t in threads)  # never the event loop's thread
 
 
-def test_stream_interval_parameter_and_environment(monkeypatch):
+def test_stream_interval_parameter(monkeypatch):
     assert llm_model.stream_interval({}) == 1
-    monkeypatch.setenv(llm_model.STREAM_INTERVAL_ENV, "2")
-    assert llm_model.stream_interval({}) == 2
+    monkeypatch.setenv("TRITONGEN_STREAM_INTERVAL", "2")  # no environment fallback: the parameter decides
+    assert llm_model.stream_interval({}) == 1
     assert llm_model.stream_interval({"stream_interval": {"string_value": "4"}}) == 4
     with pytest.raises(ValueError, match="stream_interval must be a positive integer, got '0'"):
         llm_model.stream_interval({"stream_interval": {"string_value": "0"}})

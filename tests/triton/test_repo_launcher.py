@@ -18,7 +18,8 @@ def test_repo_cli_writes_thin_models_and_parameters(tmp_path):
     assert main(["repo", "--model", "dummy:tiny-llama", "--out", str(tmp_path), "--layout", "ensemble",
                  "--max-num-seqs", "8", "--no-enable-prefix-caching"]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["ensemble", "llm", "llm_bls", "llm_tokens", "postprocessing", "preprocessing"]
+    assert names == ["ensemble", "fastertransformer", "llm", "llm_bls", "llm_tokens", "postprocessing", "preprocessing",
+                     "tensorrt_llm", "tensorrt_llm_bls"]
     config = (tmp_path / "llm" / "config.pbtxt").read_text()
     assert "decoupled: true" in config and 'key: "max_num_seqs" value: { string_value: "8" }' in config
     assert 'key: "enable_prefix_caching" value: { string_value: "false" }' in config

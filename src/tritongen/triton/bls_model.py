@@ -1,13 +1,16 @@
-"""Body of the forwarding models: `llm_bls` and the ensemble's token step.
+"""Body of the forwarding models: `llm_bls`, `fastertransformer`, `tensorrt_llm` (the ensemble's
+token step), `llm_tokens` and `tensorrt_llm_bls`.
 
 They hold no engine: each request goes on to the decoupled engine model (parameter llm_model)
-through BLS `exec(decoupled=True)`.
-- `llm_bls` (non-decoupled, max_batch_size 0) is for clients that cannot stream. It answers with
-  one response. One instance serves many requests at once: `execute` hands each request to an
-  asyncio loop thread and returns None, and the answer goes out through the response sender.
-- `<name>_tokens` (decoupled, max_batch_size > 0) is the ensemble's middle step, shaped like
-  TensorRT-LLM's tensorrt_llm model: it strips the batch dimension, forwards every response of
-  the engine model, and adds the batch dimension back.
+through BLS `exec(decoupled=True)`. One instance serves many requests at once: `execute` hands
+each request to an asyncio loop thread and returns None, and the answers go out through the
+response sender. The model parameter `layout` (layouts.py) says which client vocabulary it speaks.
+- Non-decoupled models answer once: `llm_bls` (no batch dimension) and the batched
+  `fastertransformer` and `tensorrt_llm`. A batch of B rows becomes B engine requests, run at once;
+  the answer pads their outputs back into one batch (a row equals the same prompt sent alone).
+- Decoupled models (`llm_tokens`, `tensorrt_llm_bls`) stream when `stream` / `streaming` is true
+  (one prompt per request then), every engine response forwarded with the batch dimension added;
+  otherwise they answer once, batches included.
 
 BLS calls block, so each runs in a worker thread. When the outer request is cancelled, the
 inner one is cancelled by a control request naming it (abort_request_id, with the engine model's
@@ -26,7 +29,8 @@ import os
 
 import numpy as np
 
-from tritongen.triton import codec, control
+from tritongen.triton import codec, control, layouts
+from tritongen.triton.codec import TensorSpec
 from tritongen.triton.loop import LoopThread
 
 logger = logging.getLogger(__name__)
@@ -43,16 +47,23 @@ class TritonPythonModel:
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = config.get("parameters", {})
+        self.name = args["model_name"]
         self.target = params.get("llm_model", {}).get("string_value", "llm")
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(config)
         self.batch_dim = config.get("max_batch_size", 0) > 0
-        self.output_names = [o["name"] for o in config.get("output", [])]
+        self.layout = params.get("layout", {}).get("string_value") or ("trtllm" if self.batch_dim else "vllm")
+        if self.layout not in layouts.LAYOUTS:
+            raise pb_utils.TritonModelException(f"model {self.name}: parameter layout must be one of "
+                                                f"{', '.join(layouts.LAYOUTS)}, got {self.layout!r}")
+        self.all_outputs = params.get("all_outputs", {}).get("string_value") == "true"
+        self.outputs = [TensorSpec(o["name"], o["data_type"], tuple(o.get("dims", ()))) for o in config.get("output", [])]
+        self.output_names = [o.name for o in self.outputs]
         self.pool = concurrent.futures.ThreadPoolExecutor(_MAX_IN_FLIGHT, thread_name_prefix="tritongen-bls")
-        self._prefix = f"{args['model_name']}-{os.getpid()}-"
+        self._prefix = f"{self.name}-{os.getpid()}-"
         self._ids = itertools.count()
         self._active: dict[str, tuple[object, asyncio.Task]] = {}
         self._unavailable: set[str] = set()  # requests ended because the engine model's stub died
-        self.loop = LoopThread(f"tritongen-{args['model_name']}")
+        self.loop = LoopThread(f"tritongen-{self.name}")
         self.loop.submit(self._watch())
 
     def execute(self, requests: list) -> None:
@@ -69,7 +80,7 @@ class TritonPythonModel:
         request_id = f"{self._prefix}{next(self._ids)}"
         loop = asyncio.get_running_loop()
         try:
-            inner = self._inner_request(request, request_id)
+            rows, stream, pad = self._inner_requests(request, request_id)
         except Exception as exc:
             if isinstance(exc, codec.InvalidInput):
                 response = codec.error_response(self.pb, str(exc))
@@ -79,17 +90,22 @@ class TritonPythonModel:
             await loop.run_in_executor(self.pool, self._final, sender, response)
             return
         self._active[request_id] = (sender, asyncio.current_task())
-        job = loop.run_in_executor(self.pool, self._forward, inner, sender)
+        if stream:
+            job = loop.run_in_executor(self.pool, self._forward_stream, rows[0][1], sender)
+        else:  # every row at once: each is its own engine request
+            job = asyncio.gather(*(loop.run_in_executor(self.pool, self._run_row, inner) for _, inner in rows))
         try:
-            response = await asyncio.shield(job)
+            results = await asyncio.shield(job)
+            response = results if stream else self._merge(results, pad)
         except asyncio.CancelledError:
-            if request_id in self._unavailable:  # nobody will answer the inner request: don't wait
+            if request_id in self._unavailable:  # nobody will answer the inner requests: don't wait
                 self._unavailable.discard(request_id)
                 response = codec.error_response(self.pb, f"model '{self.target}' stopped while serving this "
                                                 "request (its process died); retry later", "UNAVAILABLE")
             else:
-                await loop.run_in_executor(self.pool, self._abort_inner, request_id)
-                await asyncio.gather(job, return_exceptions=True)  # the inner request ends CANCELLED
+                for row_id, _ in rows:
+                    await loop.run_in_executor(self.pool, self._abort_inner, row_id)
+                await asyncio.gather(job, return_exceptions=True)  # the inner requests end CANCELLED
                 response = codec.error_response(self.pb, "request cancelled", "CANCELLED")
         except Exception as exc:
             logger.exception("forwarding to %s failed", self.target)
@@ -99,49 +115,93 @@ class TritonPythonModel:
             self._active.pop(request_id, None)  # before the FINAL: the watcher must not poll it after
         await loop.run_in_executor(self.pool, self._final, sender, response)  # a blocking round trip
 
-    def _inner_request(self, request, request_id: str):
-        pb = self.pb
-        inputs = []
-        for tensor in request.inputs():
-            array = tensor.as_numpy()
-            if self.batch_dim:
-                if array.shape[0] != 1:
-                    raise codec.InvalidInput(f"input '{tensor.name()}' has batch size {array.shape[0]}; "
-                                             "send one request per prompt (batch size 1)")
-                array = array[0]
-            if tensor.name() != "stream" or self.streaming:
-                inputs.append(pb.Tensor(tensor.name(), array))
-        if not self.streaming:
-            inputs.append(pb.Tensor("stream", np.array([False], dtype=bool)))  # one answer: never stream
-        names = list(request.requested_output_names()) or self.output_names
-        return pb.InferenceRequest(model_name=self.target, inputs=inputs, request_id=request_id,
-                                   requested_output_names=names,
-                                   parameters={**_parameters(request), codec.TAG_ERRORS: True})
+    def _inner_requests(self, request, request_id: str):
+        """([(row request id, inner request)], stream, output_ids pad value): one engine request
+        per batch row. Raises InvalidInput naming the input that cannot be forwarded."""
+        arrays = {t.name(): t.as_numpy() for t in request.inputs()}
+        rows = _split_rows(arrays) if self.batch_dim else [arrays]
+        stream = any(_true(row.get(n)) for row in rows for n in ("stream", "streaming"))
+        if stream and not self.streaming:
+            if self.layout != "vllm":  # llm_bls has always answered once, whatever `stream` said
+                name = "streaming" if any("streaming" in row for row in rows) else "stream"
+                raise codec.InvalidInput(f"input '{name}' is true but model '{self.name}' answers once (not "
+                                         "decoupled); stream from llm_tokens or tensorrt_llm_bls")
+            stream = False
+        if stream and len(rows) > 1:
+            raise codec.InvalidInput(f"streaming takes one prompt per request; this one holds {len(rows)}")
+        parameters = {**_parameters(request), codec.TAG_ERRORS: True}
+        if self.layout == "trtllm":
+            parameters[codec.LAYOUT_PARAMETER] = "trtllm"
+        names = list(request.requested_output_names()) if self.layout == "vllm" else []
+        names = [n for n in (names or self.output_names) if n in layouts.ENGINE_OUTPUT_NAMES]
+        inner = []
+        for i, row in enumerate(rows):
+            row_id = request_id if len(rows) == 1 else f"{request_id}.{i}"
+            inner.append((row_id, self.pb.InferenceRequest(
+                model_name=self.target, inputs=self._row_inputs(row, stream), request_id=row_id,
+                requested_output_names=names, parameters=parameters)))
+        end_id = rows[0].get("end_id") if rows else None
+        return inner, stream, int(np.asarray(end_id).reshape(-1)[0]) if end_id is not None and end_id.size else 0
 
-    def _forward(self, inner, sender):
-        """Blocking: run the inner request to its end. Streaming, every data response is sent on at
-        once and None is returned; else the last data (or the error) response is returned."""
+    def _row_inputs(self, row: dict, stream: bool) -> list:
+        inputs = []
+        for name, array in row.items():
+            if name in ("stream", "streaming"):
+                continue
+            cast = layouts.engine_row(name, array)
+            if cast is None:
+                raise codec.InvalidInput(f"input '{name}' holds a value out of the range of "
+                                         f"{layouts.ENGINE_INPUT_TYPES[name].__name__}")
+            inputs.append(self.pb.Tensor(name, cast))
+        inputs.append(self.pb.Tensor("stream", np.array([stream], dtype=bool)))
+        if self.layout == "fastertransformer" and "exclude_input_in_output" not in row:
+            inputs.append(self.pb.Tensor("exclude_input_in_output", np.array([False], dtype=bool)))  # FT echoed
+        return inputs
+
+    def _inner_error(self, response):
+        raw = response.error().message()
+        code, message = codec.untag_error(raw)
+        if message == raw:  # not from the engine model: Triton's own (model not ready, ...)
+            code = codec.forward_error_code(message)
+        return codec.error_response(self.pb, message, code)
+
+    def _run_row(self, inner):
+        """Blocking: one row to its end; its last data outputs ({name: array}) or an error response."""
         last = None
         for response in inner.exec(decoupled=True):
             if response.has_error():
-                raw = response.error().message()
-                code, message = codec.untag_error(raw)
-                if message == raw:  # not from the engine model: Triton's own (model not ready, ...)
-                    code = codec.forward_error_code(message)
-                return codec.error_response(self.pb, message, code)
-            if not response.output_tensors():
-                continue
-            last = self._outer_response(response)
-            if self.streaming:
-                sender.send(last)
-        if self.streaming:
-            return None
-        return last or codec.error_response(self.pb, f"{self.target} sent no response", "INTERNAL")
+                return self._inner_error(response)
+            if response.output_tensors():
+                last = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        return last if last is not None else codec.error_response(self.pb, f"{self.target} sent no response",
+                                                                  "INTERNAL")
 
-    def _outer_response(self, response):
-        tensors = response.output_tensors()
-        if self.batch_dim:
-            tensors = [self.pb.Tensor(t.name(), t.as_numpy()[np.newaxis]) for t in tensors]
+    def _forward_stream(self, inner, sender):
+        """Blocking: send every data response of one streamed row on at once; None, or the error response."""
+        for response in inner.exec(decoupled=True):
+            if response.has_error():
+                return self._inner_error(response)
+            if response.output_tensors():
+                sender.send(self._merge([{t.name(): t.as_numpy() for t in response.output_tensors()}], 0))
+        return None
+
+    def _merge(self, rows: list, pad: int):
+        """The rows' outputs as one response (the first error response, if a row failed)."""
+        for row in rows:
+            if not isinstance(row, dict):
+                return row
+        if not self.batch_dim:
+            return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, a) for n, a in rows[0].items()])
+        tensors = []
+        for spec in self.outputs:
+            if all(spec.name in row for row in rows):
+                array = layouts.stack_rows(spec.name, [row[spec.name] for row in rows],
+                                           layouts.NUMPY_TYPES[spec.data_type], pad if spec.name == "output_ids" else 0)
+            elif self.all_outputs:
+                array = layouts.empty_output(spec, len(rows))
+            else:
+                continue
+            tensors.append(self.pb.Tensor(spec.name, array))
         return self.pb.InferenceResponse(output_tensors=tensors)
 
     def _abort_inner(self, request_id: str) -> None:
@@ -179,6 +239,20 @@ class TritonPythonModel:
         """False when the engine model's stub process has died (the supervisor reloads it)."""
         pid = control.engine_pid(self.target)
         return pid is None or control.process_alive(pid)
+
+
+def _split_rows(arrays: dict) -> list[dict]:
+    """{name: [B, ...]} -> B rows of {name: [...]}; every input must have the same batch size."""
+    sizes = {name: array.shape[0] if array.ndim else 0 for name, array in arrays.items()}
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"'{n}' {b}" for n, b in sizes.items())
+        raise codec.InvalidInput(f"the inputs differ in batch size ({shown}); every input needs one row per prompt")
+    batch = next(iter(sizes.values()), 0)
+    return [{name: array[i] for name, array in arrays.items()} for i in range(batch)]
+
+
+def _true(array) -> bool:
+    return array is not None and bool(np.asarray(array).reshape(-1)[:1].any())
 
 
 def _parameters(request) -> dict:

@@ -7,15 +7,22 @@ One request format serves clients of both common Triton LLM backends:
 - vllm_backend: text_input, stream, sampling_parameters (JSON, values may be strings, e.g.
   {"max_tokens": "8"}), exclude_input_in_output, return_* flags; with HTTP /generate the
   sampling parameters may also come as request parameters ({"parameters": {...}}).
-- TensorRT-LLM ensemble: text_input, max_tokens / request_output_len, temperature, top_k, top_p,
-  stop_words, random_seed, min_length, end_id, beam_width (1), return_log_probs, ...; or token
-  ids: input_ids (+ input_lengths) -> output_ids + sequence_length.
+- TensorRT-LLM (ensemble, tensorrt_llm, tensorrt_llm_bls) and FasterTransformer: text_input,
+  max_tokens / request_output_len, temperature, top_k / runtime_top_k, top_p / runtime_top_p,
+  stop_words, stop_words_list / bad_words_list (ids + offsets, trtllm.py), random_seed,
+  min_length, end_id, pad_id, beam_width (1), streaming, return_log_probs, return_perf_metrics,
+  ...; or token ids: input_ids (+ input_lengths) -> output_ids + sequence_length. Inputs for
+  what we do not do (logits, LoRA, prompt tables, beam search) are refused by name.
 
 Prompt echo: vllm_backend prepends the prompt to a non-streamed text_output unless
 exclude_input_in_output is true; TensorRT-LLM never echoes it. So the default follows the
 request's layout: a request with input_ids or any input only TensorRT-LLM clients send
 (request_output_len, stop_words, bad_words, end_id, pad_id, beam_width, random_seed, min_length,
-return_log_probs) is not echoed; exclude_input_in_output always decides when given.
+return_log_probs) is not echoed; exclude_input_in_output always decides when given (false on a
+token request puts the prompt ids in front of output_ids, as FasterTransformer did).
+
+Greedy by default in those layouts: a TensorRT-LLM or token request with none of temperature,
+top_k, top_p (or their runtime_ names, or sampling_parameters) is greedy, as both backends are.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from tritongen.triton.trtllm import PERF_OUTPUT_NAMES, PerfMetrics, refuse_unsupported, word_lists
 from tritongen.triton.values import (TENSOR_KINDS, InvalidInput, convert, json_list, json_object,
                                      short)
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
@@ -47,6 +55,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("input_ids", "TYPE_INT32", (-1,), "prompt token ids (this or text_input)"),
     TensorSpec("input_lengths", "TYPE_INT32", (1,), "number of valid ids in input_ids"),
     TensorSpec("stream", "TYPE_BOOL", (1,), "send one response per new text (decoupled model only)"),
+    TensorSpec("streaming", "TYPE_BOOL", (1,), "alias of stream (TensorRT-LLM)"),
     TensorSpec("sampling_parameters", "TYPE_STRING", (1,), "JSON object, vllm_backend layout"),
     TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), "do not echo the prompt (non-streamed text)"),
     TensorSpec("max_tokens", "TYPE_INT32", (1,)),
@@ -54,6 +63,8 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("temperature", "TYPE_FP32", (1,), "0 = greedy"),
     TensorSpec("top_p", "TYPE_FP32", (1,), "0 means disabled (TensorRT-LLM)"),
     TensorSpec("top_k", "TYPE_INT32", (1,), "0 or -1 means disabled"),
+    TensorSpec("runtime_top_k", "TYPE_INT32", (1,), "alias of top_k"),
+    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), "alias of top_p"),
     TensorSpec("min_p", "TYPE_FP32", (1,)),
     TensorSpec("repetition_penalty", "TYPE_FP32", (1,)),
     TensorSpec("presence_penalty", "TYPE_FP32", (1,)),
@@ -66,15 +77,29 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("end_id", "TYPE_INT32", (1,), "an extra token id that ends generation"),
     TensorSpec("pad_id", "TYPE_INT32", (1,), "accepted and ignored"),
     TensorSpec("beam_width", "TYPE_INT32", (1,), "must be 1"),
+    TensorSpec("len_penalty", "TYPE_FP32", (1,), "beam search only: no effect at beam_width 1"),
+    TensorSpec("length_penalty", "TYPE_FP32", (1,), "alias of len_penalty"),
     TensorSpec("stop", "TYPE_STRING", (-1,), "stop strings"),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), "alias of stop"),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), "must be empty"),
+    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), "stop token sequences: ids, end offsets (-1 padded)"),
+    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), "must hold no word"),
     TensorSpec("return_logprobs", "TYPE_BOOL", (1,), "send logprobs (JSON)"),
     TensorSpec("return_log_probs", "TYPE_BOOL", (1,), "send cum_log_probs and output_log_probs"),
+    TensorSpec("is_return_log_probs", "TYPE_BOOL", (1,), "alias of return_log_probs (FasterTransformer)"),
+    TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), "send the request's timings and KV cache block counts"),
     TensorSpec("return_cumulative_logprob", "TYPE_BOOL", (1,)),
     TensorSpec("return_finish_reason", "TYPE_BOOL", (1,)),
     TensorSpec("return_num_input_tokens", "TYPE_BOOL", (1,)),
     TensorSpec("return_num_output_tokens", "TYPE_BOOL", (1,)),
+    TensorSpec("return_context_logits", "TYPE_BOOL", (1,), "must be false"),
+    TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), "must be false"),
+    TensorSpec("num_return_sequences", "TYPE_INT32", (1,), "must be 1"),
+    TensorSpec("lora_task_id", "TYPE_UINT64", (1,), "refused (no LoRA)"),
+    TensorSpec("lora_weights", "TYPE_FP16", (-1, -1), "refused (no LoRA)"),
+    TensorSpec("lora_config", "TYPE_INT32", (-1, 3), "refused (no LoRA)"),
+    TensorSpec("prompt_embedding_table", "TYPE_FP16", (-1, -1), "refused (no prompt tuning)"),
+    TensorSpec("prompt_vocab_size", "TYPE_INT32", (1,), "refused (no prompt tuning)"),
     TensorSpec("abort_request_id", "TYPE_STRING", (1,),
                "reserved for tritongen's forwarding models (needs the engine model's secret token, "
                "triton/control.py); from a client: INVALID_ARG"),
@@ -91,13 +116,15 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("logprobs", "TYPE_STRING", (-1,)),
     TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
     TensorSpec("output_log_probs", "TYPE_FP32", (-1,)),
-)
+) + tuple(TensorSpec(n, "TYPE_INT64" if n.endswith("_ns") else "TYPE_INT32", (1,), "with return_perf_metrics")
+          for n in PERF_OUTPUT_NAMES)
 INPUT_NAMES = frozenset(s.name for s in INPUTS)
 
 # Scalar tensors that set a SamplingParams field: input name -> (field, kind).
 _SCALAR_PARAMS: dict[str, tuple[str, type]] = {
     "max_tokens": ("max_tokens", int), "request_output_len": ("max_tokens", int),
     "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
+    "runtime_top_p": ("top_p", float), "runtime_top_k": ("top_k", int),
     "min_p": ("min_p", float), "repetition_penalty": ("repetition_penalty", float),
     "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float),
     "seed": ("seed", int), "random_seed": ("seed", int),
@@ -108,7 +135,12 @@ _SCALAR_PARAMS: dict[str, tuple[str, type]] = {
 # such as max_tokens or temperature are not among them: HTTP /generate turns vllm_backend-style
 # {"parameters": {"max_tokens": 8}} into input tensors of the same names.
 _TRTLLM_ONLY = ("request_output_len", "stop_words", "bad_words", "end_id", "pad_id", "beam_width", "random_seed",
-                "min_length", "return_log_probs")
+                "min_length", "return_log_probs", "is_return_log_probs", "streaming", "runtime_top_k", "runtime_top_p",
+                "len_penalty", "length_penalty", "stop_words_list", "bad_words_list", "return_perf_metrics")
+_SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "runtime_top_k", "runtime_top_p", "sampling_parameters")
+LAYOUT_PARAMETER = "tritongen_layout"
+"""Request parameter a forwarding model sets to "trtllm" for its TensorRT-LLM-shaped clients
+(tensorrt_llm_bls, the ensemble): their defaults (no echo, greedy) then apply to text requests too."""
 
 # sampling_parameters JSON keys (vllm_backend layout): key -> kind of the SamplingParams field.
 _JSON_PARAMS: dict[str, type] = {
@@ -136,6 +168,7 @@ class OutputOptions:
     finish_reason: bool = False
     num_input_tokens: bool = False
     num_output_tokens: bool = False
+    perf_metrics: bool = False
 
 
 @dataclass
@@ -144,8 +177,11 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool = False
     echo_prompt: bool = False
-    """Prepend the prompt text to a non-streamed text_output (vllm_backend default)."""
+    """Prepend the prompt to a non-streamed output: its text to text_output (vllm_backend default),
+    or for token prompts its ids to output_ids (exclude_input_in_output false, FasterTransformer)."""
     outputs: OutputOptions = field(default_factory=OutputOptions)
+    stop_sequences: list[list[int]] = field(default_factory=list)
+    """Multi-token stop words (stop_words_list); the engine model turns them into stop strings."""
 
 
 # -- reading inputs ---------------------------------------------------------------------------
@@ -278,22 +314,27 @@ def _parse(request, pb) -> ParsedRequest:
         value = _scalar(request, pb, name, kind)
         if value is None:
             continue
-        if name == "top_p" and value == 0.0:
+        if name in ("top_p", "runtime_top_p") and value == 0.0:
             value = 1.0  # TensorRT-LLM: 0 disables top-p
         fields[attr] = value
-    _trtllm_extras(request, pb, fields)
-    trtllm = any(pb.get_input_tensor_by_name(request, n) is not None for n in _TRTLLM_ONLY)
+    stop_sequences = _trtllm_extras(request, pb, fields)
+    layout = codec_layout(request)
+    present = lambda name: pb.get_input_tensor_by_name(request, name) is not None  # noqa: E731
+    trtllm = layout == "trtllm" or any(present(n) for n in _TRTLLM_ONLY)
+    if (trtllm or token_mode) and not any(present(n) for n in _SAMPLING_INPUTS) and "temperature" not in fields:
+        fields["temperature"] = 0.0  # TensorRT-LLM and FasterTransformer are greedy unless asked to sample
     stop = (_strings(request, pb, "stop") or []) + (_strings(request, pb, "stop_words") or [])
     if stop:
         fields["stop"] = list(fields.get("stop", [])) + stop
     outputs = OutputOptions(
         output_ids=token_mode,
         logprobs=_flag(request, pb, "return_logprobs", extra),
-        trtllm_log_probs=_flag(request, pb, "return_log_probs", extra),
+        trtllm_log_probs=_flag(request, pb, "return_log_probs", extra) or _flag(request, pb, "is_return_log_probs", {}),
         cumulative_logprob=_flag(request, pb, "return_cumulative_logprob", extra),
         finish_reason=_flag(request, pb, "return_finish_reason", extra),
         num_input_tokens=_flag(request, pb, "return_num_input_tokens", extra),
         num_output_tokens=_flag(request, pb, "return_num_output_tokens", extra),
+        perf_metrics=_flag(request, pb, "return_perf_metrics", extra),
     )
     if (outputs.logprobs or outputs.trtllm_log_probs or outputs.cumulative_logprob) and fields.get("logprobs") is None:
         fields["logprobs"] = 0  # the chosen token's logprob is computed only when asked for
@@ -303,12 +344,20 @@ def _parse(request, pb) -> ParsedRequest:
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     exclude = _flag(request, pb, "exclude_input_in_output", extra, default=trtllm or token_mode)
-    return ParsedRequest(
-        prompt=prompt, params=params, stream=_flag(request, pb, "stream", extra),
-        echo_prompt=not exclude and not token_mode, outputs=outputs)
+    stream = _flag(request, pb, "stream", extra) or _flag(request, pb, "streaming", {})
+    return ParsedRequest(prompt=prompt, params=params, stream=stream, echo_prompt=not exclude, outputs=outputs,
+                         stop_sequences=stop_sequences)
 
 
-def _trtllm_extras(request, pb, fields: dict) -> None:
+def codec_layout(request) -> str:
+    """The layout a forwarding model declared for this request ("" when none)."""
+    value = request_parameter(request, LAYOUT_PARAMETER)
+    return value if isinstance(value, str) else ""
+
+
+def _trtllm_extras(request, pb, fields: dict) -> list[list[int]]:
+    """beam_width, word lists, end_id and the refused inputs; returns the multi-token stop words."""
+    refuse_unsupported(request, pb)
     beam = _scalar(request, pb, "beam_width", int)
     if beam is not None and beam != 1:
         raise InvalidInput(f"input 'beam_width' must be 1 (beam search is not supported), got {beam}")
@@ -319,6 +368,18 @@ def _trtllm_extras(request, pb, fields: dict) -> None:
         if end_id < 0:
             raise InvalidInput(f"input 'end_id' must be a token id (>= 0), got {end_id}")
         fields["stop_token_ids"] = list(fields.get("stop_token_ids", [])) + [end_id]
+    if word_lists(_array(request, pb, "bad_words_list"), "bad_words_list"):
+        raise InvalidInput("input 'bad_words_list' is not supported (send it without words, -1 padded)")
+    stop_words = word_lists(_array(request, pb, "stop_words_list"), "stop_words_list")
+    singles = [w[0] for w in stop_words if len(w) == 1]
+    if singles:
+        fields["stop_token_ids"] = list(fields.get("stop_token_ids", [])) + singles
+    return [w for w in stop_words if len(w) > 1]
+
+
+def _array(request, pb, name: str) -> Optional[np.ndarray]:
+    tensor = pb.get_input_tensor_by_name(request, name)
+    return None if tensor is None else np.asarray(tensor.as_numpy())
 
 
 # -- writing outputs --------------------------------------------------------------------------
@@ -348,19 +409,22 @@ def logprobs_json(logprobs: list[TokenLogprob], decode: Optional[Callable[[int],
 
 
 def make_response(out: RequestOutput, req: ParsedRequest, pb, *, batch_dim: bool = False,
-                  decode: Optional[Callable[[int], str]] = None):
+                  decode: Optional[Callable[[int], str]] = None, perf: Optional[PerfMetrics] = None):
     """The response for one engine output: the delta when streaming, else the whole output."""
+    echo_ids: list[int] = []
     if req.stream:
         text, ids, logprobs = out.delta_text, out.delta_token_ids, out.delta_logprobs
     else:
         text, ids, logprobs = out.text, out.token_ids, out.logprobs
         if req.echo_prompt and isinstance(req.prompt, str):
             text = req.prompt + text
+        elif req.echo_prompt:
+            echo_ids = list(req.prompt)
     want = req.outputs
     tensors = [_bytes_tensor(pb, "text_output", [text], batch_dim)]
     if want.output_ids:
-        tensors.append(_tensor(pb, "output_ids", ids, np.int32, batch_dim))
-        tensors.append(_tensor(pb, "sequence_length", [len(ids)], np.int32, batch_dim))
+        tensors.append(_tensor(pb, "output_ids", echo_ids + list(ids), np.int32, batch_dim))
+        tensors.append(_tensor(pb, "sequence_length", [len(echo_ids) + len(ids)], np.int32, batch_dim))
     if want.finish_reason:
         tensors.append(_bytes_tensor(pb, "finish_reason", [out.finish_reason or ""], batch_dim))
     if want.num_input_tokens:
@@ -376,6 +440,8 @@ def make_response(out: RequestOutput, req: ParsedRequest, pb, *, batch_dim: bool
         tensors.append(_tensor(pb, "cum_log_probs", [cumulative], np.float32, batch_dim))
         tensors.append(_tensor(pb, "output_log_probs", [lp.logprob for lp in logprobs or []], np.float32,
                                batch_dim))
+    if want.perf_metrics and perf is not None:
+        tensors += [_tensor(pb, name, [value], dtype, batch_dim) for name, (value, dtype) in perf.values().items()]
     return pb.InferenceResponse(output_tensors=tensors)
 
 

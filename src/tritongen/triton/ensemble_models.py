@@ -1,39 +1,53 @@
-"""The `--layout ensemble` models, named and shaped like TensorRT-LLM's ensemble:
+"""The `--layout ensemble` models, named and shaped like TensorRT-LLM's:
 
-    ensemble: text_input, max_tokens, stop_words, temperature, ..., stream -> text_output
+    ensemble: text_input, max_tokens, stop_words, temperature, ... -> text_output, cum_log_probs, ...
       preprocessing   QUERY -> INPUT_ID, REQUEST_INPUT_LEN          (tokenize)
-      <name>_tokens   input_ids, input_lengths, ... -> output_ids, sequence_length, text_output
-                      (forwards to the engine model <name> in token mode; bls_model.py)
+      tensorrt_llm    input_ids, input_lengths, ... -> output_ids, sequence_length, text_output
+                      (non-decoupled, batched; forwards each row to the engine model, bls_model.py)
       postprocessing  TOKENS_BATCH, SEQUENCE_LENGTH [, TEXT] -> OUTPUT (detokenize)
+    <name>_tokens:    tensorrt_llm's tensors, decoupled: `streaming` / `stream` chooses
+    tensorrt_llm_bls: text_input, max_tokens, stream, ... -> text_output; decoupled
 
-All have max_batch_size > 0, so clients send a leading batch dimension of 1 (as with
-TensorRT-LLM). Streamed text stays UTF-8 correct: the token step also carries the engine's
-incrementally detokenized text, which postprocessing passes through instead of decoding a
-delta of token ids on its own (that would split multi-byte characters).
+`ensemble` is not decoupled (its token step is not), so it takes unary gRPC / HTTP infer and
+batches up to max_batch_size, as TensorRT-LLM's ensemble built without decoupled mode; streaming
+clients use `<name>_tokens` or `tensorrt_llm_bls`. All have max_batch_size > 0: clients send a
+leading batch dimension. The token step also carries the engine's incrementally detokenized text,
+which postprocessing passes through instead of decoding the ids again.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
+from tritongen.triton import layouts
+from tritongen.triton.codec import INPUTS, TensorSpec
+from tritongen.triton.pbtxt import model_config, tensors, version_policy, write_forwarder, write_model
+from tritongen.triton.trtllm import PERF_OUTPUT_NAMES
 
-MAX_BATCH_SIZE = 64
+MAX_BATCH_SIZE = layouts.MAX_BATCH_SIZE
+TOKEN_STEP = "tensorrt_llm"
+BLS = "tensorrt_llm_bls"
 
 _ENSEMBLE_INPUTS = ("text_input", "max_tokens", "bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p",
-                    "temperature", "repetition_penalty", "min_length", "presence_penalty", "frequency_penalty",
-                    "random_seed", "beam_width", "stream", "exclude_input_in_output")
+                    "temperature", "length_penalty", "repetition_penalty", "min_length", "presence_penalty",
+                    "frequency_penalty", "random_seed", "return_log_probs", "return_context_logits",
+                    "return_generation_logits", "return_perf_metrics", "beam_width", "stream",
+                    "exclude_input_in_output", "num_return_sequences", "lora_task_id", "lora_weights", "lora_config",
+                    "prompt_embedding_table", "prompt_vocab_size")
+_STEP_OUTPUTS = ("cum_log_probs", "output_log_probs") + PERF_OUTPUT_NAMES
+"""Token-step outputs the ensemble returns as they are."""
 _PRE_INPUTS = (TensorSpec("QUERY", "TYPE_STRING", (1,)),)
 _PRE_OUTPUTS = (TensorSpec("INPUT_ID", "TYPE_INT32", (-1,)), TensorSpec("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)))
-_POST_INPUTS = (TensorSpec("TOKENS_BATCH", "TYPE_INT32", (-1,)), TensorSpec("SEQUENCE_LENGTH", "TYPE_INT32", (1,)),
-                TensorSpec("TEXT", "TYPE_STRING", (-1,), "optional: FasterTransformer-style callers send tokens only"))
+_POST_INPUTS = (TensorSpec("TOKENS_BATCH", "TYPE_INT32", (-1, -1)), TensorSpec("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+                TensorSpec("TEXT", "TYPE_STRING", (-1,), "optional: token-only callers send the ids alone"))
 _POST_OUTPUTS = (TensorSpec("OUTPUT", "TYPE_STRING", (-1,)),)
 
 
 def model_names(name: str) -> list[str]:
-    return ["preprocessing", f"{name}_tokens", "postprocessing", "ensemble"]
+    return ["preprocessing", TOKEN_STEP, f"{name}_tokens", "postprocessing", "ensemble", BLS]
 
 
 def _maps(kind: str, pairs: dict[str, str]) -> str:
@@ -45,43 +59,42 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
             + _maps("input_map", inputs) + _maps("output_map", outputs) + "    }")
 
 
-def ensemble_config(name: str) -> str:
-    from tritongen.triton.repo import _tensors
-
+def ensemble_config(policy: Optional[str] = None) -> str:
     by_name = {s.name: s for s in INPUTS}
-    inputs = [by_name[n] for n in _ENSEMBLE_INPUTS]
-    text = f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {MAX_BATCH_SIZE}\n'
-    text += _tensors("input", inputs, set(_ENSEMBLE_INPUTS[1:]))
-    text += _tensors("output", [TensorSpec("text_output", "TYPE_STRING", (-1,))], False)
+    outputs = {s.name: s for s in layouts.TRTLLM_TOKEN_OUTPUTS}
+    text = f'name: "ensemble"\nplatform: "ensemble"\nmax_batch_size: {MAX_BATCH_SIZE}\n' + version_policy(policy)
+    text += tensors("input", [by_name[n] for n in _ENSEMBLE_INPUTS], set(_ENSEMBLE_INPUTS[1:]))
+    text += tensors("output", [TensorSpec("text_output", "TYPE_STRING", (-1,))] + [outputs[n] for n in _STEP_OUTPUTS],
+                    False)
     token_inputs = {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN"}
     token_inputs.update({n: n for n in _ENSEMBLE_INPUTS[1:]})
+    token_outputs = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH", "text_output": "_TEXT"}
+    token_outputs.update({n: n for n in _STEP_OUTPUTS})
     steps = [
         _step("preprocessing", {"QUERY": "text_input"},
               {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN"}),
-        _step(f"{name}_tokens", token_inputs,
-              {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH", "text_output": "_TEXT"}),
+        _step(TOKEN_STEP, token_inputs, token_outputs),
         _step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
                                  "TEXT": "_TEXT"}, {"OUTPUT": "text_output"}),
     ]
     return text + "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n"
 
 
-def write_ensemble(root: Path, name: str, params: dict[str, str], version: int) -> None:
-    from tritongen.triton.repo import model_config, write_model
-
+def write_ensemble(root: Path, name: str, params: dict[str, str], version: int, policy: Optional[str] = None) -> None:
     tokenizer = {k: v for k, v in params.items() if k in ("model", "tokenizer")}
     write_model(root, "preprocessing", model_config(
         "preprocessing", decoupled=False, instance_kind="KIND_CPU", parameters=tokenizer, inputs=_PRE_INPUTS,
-        outputs=_PRE_OUTPUTS, max_batch_size=MAX_BATCH_SIZE, optional_inputs=False),
+        outputs=_PRE_OUTPUTS, max_batch_size=MAX_BATCH_SIZE, optional_inputs=False, policy=policy),
         "tritongen.triton.ensemble_models", version, "Preprocessing")
-    write_model(root, f"{name}_tokens", model_config(
-        f"{name}_tokens", decoupled=True, instance_kind="KIND_CPU", parameters={"llm_model": name},
-        max_batch_size=MAX_BATCH_SIZE), "tritongen.triton.bls_model", version)
+    write_forwarder(root, TOKEN_STEP, name, "trtllm", decoupled=False, version=version, policy=policy,
+                    all_outputs=True)  # an ensemble step must send every output the ensemble maps
+    write_forwarder(root, f"{name}_tokens", name, "trtllm", decoupled=True, version=version, policy=policy)
+    write_forwarder(root, BLS, name, "trtllm", decoupled=True, version=version, policy=policy, text=True)
     write_model(root, "postprocessing", model_config(
         "postprocessing", decoupled=False, instance_kind="KIND_CPU", parameters=tokenizer, inputs=_POST_INPUTS,
-        outputs=_POST_OUTPUTS, max_batch_size=MAX_BATCH_SIZE, optional_inputs={"TEXT"}),
+        outputs=_POST_OUTPUTS, max_batch_size=MAX_BATCH_SIZE, optional_inputs={"TEXT"}, policy=policy),
         "tritongen.triton.ensemble_models", version, "Postprocessing")
-    write_model(root, "ensemble", ensemble_config(name), None, version)
+    write_model(root, "ensemble", ensemble_config(policy), None, version)
 
 
 class _RustTokenizer:
@@ -147,7 +160,7 @@ class Preprocessing:
 
 
 class Postprocessing:
-    """TOKENS_BATCH [B, L], SEQUENCE_LENGTH [B, 1] -> OUTPUT [B, 1]; TEXT, when given, is passed
+    """TOKENS_BATCH [B, 1, L], SEQUENCE_LENGTH [B, 1] -> OUTPUT [B, 1]; TEXT, when given, is passed
     through (the engine's incremental detokenization, UTF-8 safe while streaming)."""
 
     def initialize(self, args: dict) -> None:

@@ -18,7 +18,8 @@ import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
@@ -27,6 +28,7 @@ from tritongen.triton import codec, control
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.repo import parameter_value
+from tritongen.triton.trtllm import PerfMetrics
 from tritongen.types import RequestOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,9 @@ class TritonPythonModel:
         self.stream_interval = stream_interval(config.get("parameters", {}))
         self.max_queue = max_queue(config.get("parameters", {}))
         kwargs = engine_kwargs_from_config(config.get("parameters", {}))
-        self.max_num_seqs = EngineConfig.from_kwargs(**kwargs).scheduler.max_num_seqs
+        engine_config = EngineConfig.from_kwargs(**kwargs)
+        self.max_num_seqs = engine_config.scheduler.max_num_seqs
+        self.block_size = engine_config.cache.block_size
         self.engine = AsyncLLM(**kwargs)
         self._closing = False
         self._control_token = control.publish_token(args["model_name"])
@@ -90,6 +94,7 @@ class TritonPythonModel:
     # -- one request --------------------------------------------------------------------------
 
     async def _serve(self, request) -> None:
+        arrival_ns = time.time_ns()
         sender = request.get_response_sender()
         tag = codec.wants_tagged_errors(request)
         try:
@@ -115,7 +120,7 @@ class TritonPythonModel:
         self._active[request_id] = _Active(sender, asyncio.current_task(), client_id)
         timer = RequestTimer()
         try:
-            await self._generate(request_id, parsed, sender, timer)
+            await self._generate(request_id, parsed, sender, timer, PerfMetrics(arrival_ns))
         except asyncio.CancelledError:
             await self.engine.abort(request_id)  # blocks are free when this returns
             timer.on_end("abort", self.metrics)  # the sink is silent once closing (_UnlessClosing)
@@ -153,20 +158,23 @@ class TritonPythonModel:
         return parsed
 
     async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender,
-                        timer: Optional[RequestTimer] = None) -> None:
+                        timer: Optional[RequestTimer] = None, perf: Optional[PerfMetrics] = None) -> None:
         timer = timer or RequestTimer()
+        perf = perf or PerfMetrics(time.time_ns())
         decode = self._decode if parsed.outputs.logprobs else None
+        params = self._with_stop_sequences(parsed)
         wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
         unsent: Optional[RequestOutput] = None  # streamed deltas held until stream_interval tokens
-        async for out in self.engine.generate(parsed.prompt, parsed.params, request_id):
+        async for out in self.engine.generate(parsed.prompt, params, request_id):
             if out.error:  # counted as an error by the caller, not as a finished request
                 raise EngineRequestError(f"engine error: {out.error}")
             timer.on_output(out, self.metrics)
+            perf.update(out, time.time_ns(), self.block_size)
             if parsed.stream and unsent is not None:
                 out = merge_outputs(unsent, out)
                 unsent = None
             if out.finished:
-                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
+                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
                 await self._final(sender, response, request_id)
                 return
             if not parsed.stream:
@@ -176,8 +184,20 @@ class TritonPythonModel:
             # A step whose text is held back (split UTF-8 character, possible stop string) still
             # carries tokens: clients counting tokens per response must see it.
             elif out.delta_text or (wants_tokens and out.delta_token_ids):
-                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode)
+                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
                 await self._send(functools.partial(sender.send, response))
+
+    def _with_stop_sequences(self, parsed: codec.ParsedRequest):
+        """Multi-token stop words (stop_words_list) end generation where their text appears."""
+        if not parsed.stop_sequences:
+            return parsed.params
+        words = [self.engine.tokenizer.decode(ids) for ids in parsed.stop_sequences]
+        params = replace(parsed.params, stop=list(parsed.params.stop) + [w for w in words if w])
+        try:
+            params.validate()
+        except ValueError as exc:
+            raise codec.InvalidInput(f"input 'stop_words_list': {exc}") from None
+        return params
 
     async def _abort_by_client_id(self, client_id: str) -> None:
         """Control request from a forwarding model (llm_bls) whose own client cancelled: BLS in
@@ -290,15 +310,12 @@ def max_queue(parameters: dict) -> int:
     return value
 
 
-STREAM_INTERVAL_ENV = "TRITONGEN_STREAM_INTERVAL"
-
-
 def stream_interval(parameters: dict) -> int:
-    """Tokens per streamed response (model parameter `stream_interval`, else $TRITONGEN_STREAM_INTERVAL,
-    else 1). Each response costs the stub process Python time under the GIL that the engine thread
-    shares; sending every Nth token (the final response carries the rest) divides that cost by N."""
+    """Tokens per streamed response (model parameter `stream_interval`, default 1). Each response
+    costs the stub process Python time under the GIL that the engine thread shares; sending every
+    Nth token (the final response carries the rest) divides that cost by N."""
     raw = parameter_value(parameters["stream_interval"]) if "stream_interval" in parameters else ""
-    raw = raw or os.environ.get(STREAM_INTERVAL_ENV) or "1"
+    raw = raw or "1"
     try:
         value = int(raw)
     except ValueError:

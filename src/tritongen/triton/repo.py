@@ -2,26 +2,24 @@
 folders, and thin model.py files that import tritongen and delegate to it.
 
 Layouts:
-- default: `llm` (decoupled, hosts the engine) and `llm_bls` (non-decoupled front, forwards to it).
-- ensemble: the default models plus TensorRT-LLM-style `preprocessing` -> `<name>_tokens` ->
-  `postprocessing` wired as `ensemble` (see triton/ensemble_models.py).
+- default: `llm` (decoupled, hosts the engine), `llm_bls` (non-decoupled front, forwards to it)
+  and `fastertransformer` (non-decoupled, batched, FasterTransformer's tensors; layouts.py).
+- ensemble: the default models plus TensorRT-LLM's: `ensemble` = `preprocessing` ->
+  `tensorrt_llm` -> `postprocessing`, the streaming token model `<name>_tokens` and
+  `tensorrt_llm_bls` (see triton/ensemble_models.py).
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Collection, Iterable, Optional, Union
+from typing import Optional
 
 from tritongen.config import ENGINE_CONFIG_PARTS
-from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
+from tritongen.triton import ensemble_models
+from tritongen.triton.pbtxt import model_config, version_policy, write_forwarder, write_model
 
 _ENGINE_CONFIGS = tuple(cls for _, cls in ENGINE_CONFIG_PARTS)
-
-_MODEL_PY = '''"""Triton Python-backend model written by `tritongen repo`; the logic lives in {module}."""
-from {module} import {cls}  # noqa: F401
-'''
 
 
 # -- engine options <-> config.pbtxt parameters -----------------------------------------------
@@ -81,86 +79,47 @@ def default_options() -> dict:
     return {f.name: f.default for cls in _ENGINE_CONFIGS for f in fields(cls) if f.default is not MISSING}
 
 
-# -- config.pbtxt -----------------------------------------------------------------------------
-
-
-def _q(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _tensors(kind: str, specs: Iterable[TensorSpec], optional: Union[bool, Collection[str]]) -> str:
-    """`optional`: all, none, or the names of the optional ones."""
-    rows = []
-    for s in specs:
-        opt = " optional: true" if (optional is True or (optional and s.name in optional)) else ""
-        rows.append(f'  {{ name: {_q(s.name)} data_type: {s.data_type} dims: [ {", ".join(map(str, s.dims))} ]{opt} }}')
-    return f"{kind} [\n" + ",\n".join(rows) + "\n]\n"
-
-
-def _parameters(params: dict[str, str]) -> str:
-    return "".join(f"parameters: {{ key: {_q(k)} value: {{ string_value: {_q(v)} }} }}\n"
-                   for k, v in sorted(params.items()))
-
-
-def model_config(name: str, *, decoupled: bool, instance_kind: str, parameters: dict[str, str],
-                 inputs: Iterable[TensorSpec] = INPUTS, outputs: Iterable[TensorSpec] = OUTPUTS,
-                 max_batch_size: int = 0, optional_inputs: Union[bool, Collection[str]] = True) -> str:
-    text = f"name: {_q(name)}\nbackend: \"python\"\nmax_batch_size: {max_batch_size}\n"
-    if decoupled:
-        text += "model_transaction_policy { decoupled: true }\n"
-    text += _tensors("input", inputs, optional_inputs) + _tensors("output", outputs, False)
-    text += f"instance_group [ {{ count: 1 kind: {instance_kind} }} ]\n"
-    return text + _parameters(parameters)
-
-
-def write_model(root: Path, name: str, config: str, module: Optional[str], version: int,
-                cls: str = "TritonPythonModel") -> None:
-    """config.pbtxt plus <version>/model.py importing `cls` from `module` (an ensemble has none)."""
-    model_dir = root / name
-    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(config)
-    if module is not None:
-        imported = cls if cls == "TritonPythonModel" else f"{cls} as TritonPythonModel"
-        (model_dir / str(version) / "model.py").write_text(_MODEL_PY.format(module=module, cls=imported))
-
-
 def write_repository(out: str | Path, options: Optional[dict] = None, *, layout: str = "default",
                      name: str = "llm", version: int = 1, overwrite: bool = True,
-                     max_queue: Optional[int] = None) -> Path:
-    """Write the model repository for `options` (engine keyword options) into `out`. `max_queue`:
-    the engine model's `max_queue` parameter (requests let wait beyond max_num_seqs; 0 = unbounded;
-    None leaves the model's default)."""
-    if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
-        raise ValueError(f"max_queue must be a non-negative integer, got {max_queue!r}")
+                     max_queue: Optional[int] = None, stream_interval: Optional[int] = None,
+                     policy: Optional[str] = None) -> Path:
+    """Write the model repository for `options` (engine keyword options) into `out`. The engine
+    model's parameters `max_queue` (requests let wait beyond max_num_seqs; 0 = unbounded) and
+    `stream_interval` (tokens per streamed response); None leaves the model's default. `policy`:
+    every model's version_policy (latest:N, all, specific:1,3; None: Triton's default, the latest)."""
+    for label, value, low in (("max_queue", max_queue, 0), ("stream_interval", stream_interval, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
     if layout not in ("default", "ensemble"):
         raise ValueError(f"layout must be 'default' or 'ensemble', got {layout!r}")
     if not name or "/" in name:
         raise ValueError(f"bad model name {name!r}")
+    version_policy(policy)  # a bad policy fails before anything is written
     root = Path(out)
-    for model in _model_names(layout, name):  # other versions of our models stay
+    for model in model_names(layout, name):  # other versions of our models stay
         if (root / model / str(version)).exists():
             if not overwrite:
                 raise FileExistsError(f"{root / model / str(version)} exists")
             shutil.rmtree(root / model / str(version))
     root.mkdir(parents=True, exist_ok=True)
     params = engine_parameters(options or {})
-    llm_params = params if max_queue is None else {**params, "max_queue": str(max_queue)}
-    write_model(root, name, model_config(name, decoupled=True, instance_kind="KIND_MODEL", parameters=llm_params),
-                "tritongen.triton.llm_model", version)
-    write_model(root, f"{name}_bls", model_config(f"{name}_bls", decoupled=False, instance_kind="KIND_CPU",
-                                                  parameters={"llm_model": name}),
-                "tritongen.triton.bls_model", version)
+    llm_params = dict(params)
+    for key, value in (("max_queue", max_queue), ("stream_interval", stream_interval)):
+        if value is not None:
+            llm_params[key] = str(value)
+    write_model(root, name, model_config(name, decoupled=True, instance_kind="KIND_MODEL", parameters=llm_params,
+                                         policy=policy), "tritongen.triton.llm_model", version)
+    write_forwarder(root, f"{name}_bls", name, "vllm", decoupled=False, version=version, policy=policy)
+    write_forwarder(root, "fastertransformer", name, "fastertransformer", decoupled=False, version=version,
+                    policy=policy)
     if layout == "ensemble":
-        from tritongen.triton.ensemble_models import write_ensemble
-
-        write_ensemble(root, name, params, version)
+        ensemble_models.write_ensemble(root, name, params, version, policy)
     return root
 
 
-def _model_names(layout: str, name: str) -> list[str]:
-    names = [name, f"{name}_bls"]
+def model_names(layout: str, name: str) -> list[str]:
+    """Every model `write_repository` writes for `layout`."""
+    names = [name, f"{name}_bls", "fastertransformer"]
     if layout == "ensemble":
-        from tritongen.triton.ensemble_models import model_names
-
-        names += model_names(name)
+        names += ensemble_models.model_names(name)
     return names
