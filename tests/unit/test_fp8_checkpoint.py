@@ -28,7 +28,7 @@ def _compressed(strategy: str, **weights) -> dict:
 def test_plans_of_each_published_format():
     assert plan_for({}, None) is None
     at_load = plan_for({}, "fp8")
-    assert at_load.scales == Fp8Scales("channel") and at_load.dynamic and not at_load.prequantized
+    assert at_load.scales == Fp8Scales("channel") and not at_load.prequantized
     hf = plan_for({"quantization_config": HF_FP8}, None)
     assert hf.scales == Fp8Scales("block", (128, 128)) and hf.scale_suffix == "weight_scale_inv"
     assert hf.skips("lm_head") and hf.skips("model.layers.0.mlp.gate") and not hf.skips("model.layers.0.mlp.gate_proj")

@@ -7,7 +7,7 @@ Formats read (config.json `quantization_config`):
   `weight_block_size` tiles (w = q * weight_scale_inv), activations dynamic; `modules_to_not_convert`.
 - compressed-tensors "float-quantized" (llm-compressor's FP8 schemes): `weight` float8_e4m3fn with
   `weight_scale` per channel ([N, 1]), per tensor ([1]) or per block (`block_structure`);
-  activations dynamic per token or static per tensor (`input_scale`); `ignore` lists modules by
+  activations dynamic per token (static `input_scale` ones are refused); `ignore` lists modules by
   name or `re:` pattern; `targets` must be Linear.
 """
 from __future__ import annotations
@@ -32,8 +32,6 @@ class Fp8Plan:
     """How to make and fill the FP8 linear layers of one model."""
 
     scales: Fp8Scales
-    dynamic: bool
-    """Activations quantized per token at run time; False: static per-tensor `input_scale`."""
     scale_suffix: Optional[str]
     """The checkpoint's name for the weight scale ("weight_scale_inv", "weight_scale"); None when
     the weights are quantized at load from a bf16/fp16 checkpoint."""
@@ -62,7 +60,7 @@ def plan_for(hf_config: dict, quantization: Optional[str]) -> Optional[Fp8Plan]:
         raise ValueError(f"quantization must be one of {[q for q in QUANTIZATIONS if q]} or unset, got {quantization!r}")
     qc = hf_config.get("quantization_config")
     if qc is None:
-        return Fp8Plan(Fp8Scales("channel"), dynamic=True, scale_suffix=None) if quantization == "fp8" else None
+        return Fp8Plan(Fp8Scales("channel"), scale_suffix=None) if quantization == "fp8" else None
     if not isinstance(qc, dict):
         raise ValueError("config.json quantization_config must be an object")
     method = qc.get("quant_method")
@@ -82,7 +80,7 @@ def _hf_fp8(qc: dict) -> Fp8Plan:
     if block is None:
         raise ValueError("fp8 quantization_config without weight_block_size is not supported")
     skip = tuple(qc.get("modules_to_not_convert") or ()) or DEFAULT_SKIP
-    return Fp8Plan(Fp8Scales("block", _pair(block, "weight_block_size")), True, "weight_scale_inv", skip)
+    return Fp8Plan(Fp8Scales("block", _pair(block, "weight_block_size")), "weight_scale_inv", skip)
 
 
 def _compressed_tensors(qc: dict) -> Fp8Plan:
@@ -108,13 +106,12 @@ def _compressed_tensors(qc: dict) -> Fp8Plan:
         raise ValueError(f"compressed-tensors weight strategy {strategy!r} is not supported (channel, tensor, block)")
     if a is None:
         raise ValueError("compressed-tensors FP8 weight-only checkpoints (no input_activations) are not supported")
-    dynamic = bool(a.get("dynamic"))
-    if dynamic and a.get("strategy") not in ("token", None):
-        raise ValueError(f"dynamic activation strategy {a.get('strategy')!r} is not supported (token)")
-    if not dynamic:
+    if not a.get("dynamic"):
         raise ValueError("compressed-tensors FP8 checkpoints with static activation scales are not supported"
                          " (only dynamic per-token activations)")
-    return Fp8Plan(scales, dynamic, "weight_scale", tuple(qc.get("ignore") or ()))
+    if a.get("strategy") not in ("token", None):
+        raise ValueError(f"dynamic activation strategy {a.get('strategy')!r} is not supported (token)")
+    return Fp8Plan(scales, "weight_scale", tuple(qc.get("ignore") or ()))
 
 
 def _pair(value: Any, what: str) -> tuple[int, int]:
@@ -135,7 +132,7 @@ def make_fp8_layers(model: nn.Module, plan: Fp8Plan) -> list[str]:
     names = fp8_linear_names(model, plan)
     for name in names:
         old = model.get_submodule(name)
-        new = Fp8Linear(old.in_features, old.out_features, old.bias is not None, plan.scales, plan.dynamic,
+        new = Fp8Linear(old.in_features, old.out_features, old.bias is not None, plan.scales,
                         dtype=old.weight.dtype, device=old.weight.device)
         _set_submodule(model, name, new)
     return names
@@ -145,7 +142,7 @@ def quantize_layers(model: nn.Module, plan: Fp8Plan) -> list[str]:
     """Quantize the plan's loaded linear layers in place (bf16/fp16 weights -> Fp8Linear)."""
     names = fp8_linear_names(model, plan)
     for name in names:
-        _set_submodule(model, name, Fp8Linear.from_linear(model.get_submodule(name), plan.scales, plan.dynamic))
+        _set_submodule(model, name, Fp8Linear.from_linear(model.get_submodule(name), plan.scales))
     return names
 
 

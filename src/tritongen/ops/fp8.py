@@ -10,7 +10,11 @@ three layouts (`Fp8Scales.kind`):
 Activations are quantized per token at run time (`dynamic`), or left in bf16 (weight-only, where a
 skinny decode GEMM reads the weight bytes and upcasts in registers).
 
-Pure torch; runs on the CPU (the reference dequantizes to float32 and multiplies there).
+On the CPU every product is the reference (weights dequantized to float32, activations as given).
+On CUDA (`fp8_linear`): decode-sized inputs (at most WEIGHT_ONLY_ROWS rows) and block-scaled
+weights run the weight-only Triton kernel (ops/triton_fp8.py: the fp8 bytes are read once and
+upcast in registers); larger channel/tensor-scaled products quantize the activations per token
+and run on the FP8 tensor cores (torch._scaled_mm with row-wise scales).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from torch import nn
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
+WEIGHT_ONLY_ROWS = 16
 _MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of 0 (no division by zero)
 SCALE_KINDS = ("channel", "tensor", "block")
 
@@ -120,16 +125,40 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales
     return out.to(x.dtype).reshape(*shape[:-1], q.shape[0])
 
 
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ dequant(q).T (+ bias) on the device's path (see the module docstring)."""
+    if not x.is_cuda:
+        return fp8_linear_ref(x, q, scale, scales, bias, dynamic=False)
+    rows = x.numel() // x.shape[-1]
+    if rows <= WEIGHT_ONLY_ROWS or scales.kind == "block":
+        from tritongen.ops import triton_fp8
+
+        return triton_fp8.fp8_linear(x, q, scale, scales, bias)
+    return _scaled_mm_linear(x, q, scale, scales, bias)
+
+
+def _scaled_mm_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    shape = x.shape
+    xq, xs = quantize_tokens(x.reshape(-1, shape[-1]))
+    n = q.shape[0]
+    w_scale = scale.float().reshape(1, n) if scales.kind == "channel" else scale.float().reshape(1, 1).expand(1, n)
+    out = torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=w_scale.contiguous(), out_dtype=x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], n)
+
+
 class Fp8Linear(nn.Module):
     """A linear layer with an fp8 weight ("weight", float8_e4m3fn [out, in]) and its float32
     "weight_scale" in the layout `scales` says; the bias (if any) stays in the model dtype."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scales: Fp8Scales,
-                 dynamic: bool = True, dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.scales, self.dynamic = scales, dynamic
+        self.scales = scales
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=E4M3, device=device),
                                    requires_grad=False)
         self.weight_scale = nn.Parameter(torch.ones(scales.shape(out_features, in_features),
@@ -138,11 +167,10 @@ class Fp8Linear(nn.Module):
                      if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel"),
-                    dynamic: bool = True) -> "Fp8Linear":
+    def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel")) -> "Fp8Linear":
         """Quantize a loaded linear layer's weight (bf16/fp16/fp32) into a new Fp8Linear."""
         w = linear.weight.detach()
-        out = cls(linear.in_features, linear.out_features, linear.bias is not None, scales, dynamic,
+        out = cls(linear.in_features, linear.out_features, linear.bias is not None, scales,
                   dtype=w.dtype, device=w.device)
         q, s = quantize_weight(w, scales)
         with torch.no_grad():
@@ -153,9 +181,9 @@ class Fp8Linear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear_ref(x, self.weight, self.weight_scale, self.scales, self.bias, self.dynamic)
+        return fp8_linear(x, self.weight, self.weight_scale, self.scales, self.bias)
 
     def extra_repr(self) -> str:
         block = f", block={self.scales.block}" if self.scales.block else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"scales={self.scales.kind}{block}, dynamic={self.dynamic}, bias={self.bias is not None}")
+                f"scales={self.scales.kind}{block}, bias={self.bias is not None}")

@@ -1,0 +1,102 @@
+"""Triton kernel for FP8 weights: y = x @ (q * scale).T (+ bias) with x in bf16/fp16/fp32 and q
+float8_e4m3fn, the weight upcast in registers (weight-only: activations are not quantized).
+
+Decode GEMMs are bandwidth-bound: at batch 1 the time is the weight bytes over HBM bandwidth, so
+halving the bytes (fp8 instead of bf16) halves the floor, whether the multiply runs on fp8 tensor
+cores or on bf16 ones after an in-register upcast. Each program owns a [BLOCK_M, BLOCK_N] tile of y
+and streams its [BLOCK_N, K] slab of q once; the scales are applied per K block ("block" layout:
+one scale per tile of the weight, constant over a program's BLOCK_N x BLOCK_K piece because
+BLOCK_N and BLOCK_K divide the checkpoint's block) or once at the end ("channel", "tensor").
+
+ops.fp8.fp8_linear_ref(dynamic=False) is the reference; tests/gpu/test_triton_fp8.py checks this
+kernel against it on CUDA and, with TRITON_INTERPRET=1, on the CPU.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from tritongen.ops.fp8 import Fp8Scales
+
+_KIND = {"channel": 0, "tensor": 1, "block": 2}
+
+
+@triton.jit
+def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, stride_sn,
+                     SCALE_KIND: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = m < M
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_rows = W + n[:, None].to(tl.int64) * stride_wn
+    x_rows = X + m[:, None].to(tl.int64) * stride_xm
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(x.dtype)
+        if IEEE:
+            part = tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            part = tl.dot(x, tl.trans(w))
+        if SCALE_KIND == 2:
+            # BLOCK_N divides SCALE_BN and BLOCK_K divides SCALE_BK: one scale for this piece
+            s = tl.load(S + (pid_n * BLOCK_N // SCALE_BN) * stride_sn + k0 // SCALE_BK)
+            acc += part * s
+        else:
+            acc += part
+    if SCALE_KIND == 0:
+        acc = acc * tl.load(S + n, mask=n_ok, other=0.0)[None, :]
+    elif SCALE_KIND == 1:
+        acc = acc * tl.load(S)
+    if HAS_BIAS:
+        acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _blocks(scales: Fp8Scales, m: int) -> tuple[int, int, int]:
+    block_m = 16 if m <= 16 else 64
+    block_n, block_k = 64, 128
+    if scales.kind == "block":
+        bn, bk = scales.block
+        block_n = min(block_n, bn)
+        block_k = min(block_k, bk)
+        if any(b < 16 or b & (b - 1) for b in (block_n, block_k)) or bn % block_n or bk % block_k:
+            raise ValueError(f"fp8 block scales of {scales.block} are not supported by the Triton kernel "
+                             "(each side must be a power of two of at least 16, e.g. 128 x 128)")
+    return block_m, block_n, block_k
+
+
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Weight-only FP8 product on the Triton kernel; same result as
+    ops.fp8.fp8_linear_ref(x, q, scale, scales, bias, dynamic=False) up to float32 summation order."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    n = q.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*shape[:-1], n)
+    block_m, block_n, block_k = _blocks(scales, m)
+    s = scale.float().contiguous()
+    bn, bk = scales.block or (1, 1)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _fp8_weight_gemm[grid](
+        x2, q, s, bias if bias is not None else s, y, m, n, k, x2.stride(0), q.stride(0), y.stride(0),
+        s.stride(0) if s.dim() == 2 else 0,
+        SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
+        num_warps=4)
+    return y.reshape(*shape[:-1], n)

@@ -1,0 +1,50 @@
+"""The FP8 weight-only kernel (ops/triton_fp8.py) against the reference (ops.fp8.fp8_linear_ref,
+weight-only) for every scale layout, decode and prefill row counts, with and without bias. Runs on
+CUDA, else in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+if not (torch.cuda.is_available() or INTERPRET):
+    pytest.skip("needs CUDA (or Triton's interpreter)", allow_module_level=True)
+
+from tritongen.ops.fp8 import Fp8Scales, fp8_linear_ref, quantize_weight  # noqa: E402
+from tritongen.ops.triton_fp8 import fp8_linear  # noqa: E402
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+LAYOUTS = [Fp8Scales("channel"), Fp8Scales("tensor"), Fp8Scales("block", (128, 128)), Fp8Scales("block", (32, 64))]
+
+
+@pytest.mark.parametrize("scales", LAYOUTS, ids=lambda s: f"{s.kind}{s.block or ''}")
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_the_weight_only_reference(scales, rows, bias):
+    torch.manual_seed(rows)
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    n, k = 96, 256  # a partial N tile of 64 and two K blocks of 128
+    w = torch.randn(n, k, device=DEVICE) * torch.linspace(0.01, 1.0, n, device=DEVICE)[:, None]
+    q, s = quantize_weight(w, scales)
+    x = torch.randn(rows, k, device=DEVICE).to(dtype)
+    b = torch.randn(n, device=DEVICE).to(dtype) if bias else None
+    got = fp8_linear(x, q, s, scales, b)
+    want = fp8_linear_ref(x, q, s, scales, b, dynamic=False)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_three_dimensional_input_and_empty_batch():
+    q, s = quantize_weight(torch.randn(64, 128, device=DEVICE), Fp8Scales("channel"))
+    x = torch.randn(2, 3, 128, device=DEVICE)
+    got = fp8_linear(x, q, s, Fp8Scales("channel"))
+    torch.testing.assert_close(got, fp8_linear_ref(x, q, s, Fp8Scales("channel"), dynamic=False), rtol=1e-4, atol=1e-4)
+    assert fp8_linear(x[:0].reshape(0, 128), q, s, Fp8Scales("channel")).shape == (0, 64)
+
+
+def test_unsupported_block_sizes_are_refused_by_name():
+    q, s = quantize_weight(torch.randn(40, 40, device=DEVICE), Fp8Scales("block", (20, 20)))
+    with pytest.raises(ValueError, match=r"block scales of \(20, 20\) are not supported"):
+        fp8_linear(torch.randn(1, 40, device=DEVICE), q, s, Fp8Scales("block", (20, 20)))
