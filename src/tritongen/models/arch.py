@@ -10,11 +10,11 @@ Both config.json layouts are accepted for RoPE families: the classic one (top-le
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "GPT2LMHeadModel", "BloomForCausalLM")
+                           "GPT2LMHeadModel", "BloomForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
 # HF model_type of each architecture, for configs that lack "architectures" and for to_hf_config.
 _MODEL_TYPES = {
@@ -24,9 +24,13 @@ _MODEL_TYPES = {
     "Qwen3ForCausalLM": "qwen3",
     "GPT2LMHeadModel": "gpt2",
     "BloomForCausalLM": "bloom",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 """Decoders of the Llama layout (RMSNorm, RoPE, gated SiLU MLP): one model class, one TP sharding."""
+MOE_FAMILY = {"MixtralForCausalLM": "MistralForCausalLM", "Qwen3MoeForCausalLM": "Qwen3ForCausalLM"}
+"""Mixture-of-Experts decoders -> the dense Llama-family architecture of their attention."""
 _ARCH_BY_MODEL_TYPE = {v: k for k, v in _MODEL_TYPES.items()}
 
 # Keys each supported rope_type needs besides rope_theta (HF's validation uses the same sets).
@@ -98,6 +102,18 @@ class ModelArch:
     """logits = cap * tanh(logits / cap) when set (Gemma 2); no family here sets it yet."""
     embedding_multiplier: Optional[float] = None
     """The input embedding is multiplied by this when set (Gemma: sqrt(hidden)); none here yet."""
+    num_experts: int = 0
+    """Routed experts of each MoE layer (num_local_experts / num_experts); 0 = a dense model."""
+    num_experts_per_tok: int = 0
+    """Experts each token is routed to (top-k over the router's softmax)."""
+    moe_intermediate_size: int = 0
+    """Each expert's intermediate size (Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size)."""
+    norm_topk_prob: bool = True
+    """Renormalize the top-k routing weights to sum to 1 (Mixtral always; Qwen3-MoE's norm_topk_prob)."""
+    decoder_sparse_step: int = 1
+    """Layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers."""
+    mlp_only_layers: tuple[int, ...] = ()
+    """Layers with a dense MLP of intermediate_size despite the step (Qwen3-MoE)."""
 
     @classmethod
     def from_hf_config(cls, d: dict) -> "ModelArch":
@@ -105,6 +121,10 @@ class ModelArch:
         architecture = _architecture_of(d)
         parse, _ = _FAMILIES[architecture]
         return parse(architecture, d)
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     def layer_sliding_window(self, layer_idx: int) -> Optional[int]:
         if self.sliding_window is None or layer_idx < self.max_window_layers:
@@ -258,10 +278,47 @@ def _write_bloom(a: ModelArch) -> dict:
             "layer_norm_epsilon": a.norm_eps, "seq_length": a.max_position_embeddings}
 
 
+# -- Mixture of Experts (Mixtral, Qwen3-MoE) ---------------------------------------------------------
+
+def _parse_moe(architecture: str, d: dict) -> ModelArch:
+    """The dense twin's parse (attention, norms, rope) plus the routing fields."""
+    dense = dict(d)
+    mixtral = architecture == "MixtralForCausalLM"
+    if mixtral:
+        dense.setdefault("sliding_window", None)  # MixtralConfig's default (MistralConfig's is 4096)
+    elif not dense.get("head_dim"):  # Qwen3MoeConfig has no head_dim default: HF uses hidden // heads
+        dense["head_dim"] = int(_require(d, "hidden_size")) // int(_require(d, "num_attention_heads"))
+    base = _parse_llama_family(MOE_FAMILY[architecture], dense)
+    # Hub Qwen3-MoE configs say num_experts; transformers 5.x writes num_local_experts for both.
+    experts = int(d.get("num_local_experts") or d.get("num_experts") or (8 if mixtral else 128))
+    top_k = int(d.get("num_experts_per_tok") or (2 if mixtral else 8))
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be in [1, {experts}] (the number of experts)")
+    if d.get("shared_expert_intermediate_size"):
+        raise ValueError("unsupported option shared_expert_intermediate_size: no shared experts in Qwen3-MoE")
+    return replace(
+        base, architecture=architecture, num_experts=experts, num_experts_per_tok=top_k,
+        moe_intermediate_size=int(base.intermediate_size if mixtral else d.get("moe_intermediate_size") or 768),
+        norm_topk_prob=True if mixtral else bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=1 if mixtral else int(d.get("decoder_sparse_step") or 1),
+        mlp_only_layers=() if mixtral else tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+    )
+
+
+def _write_moe(a: ModelArch) -> dict:
+    d = _write_llama_family(replace(a, architecture=MOE_FAMILY[a.architecture]))
+    d.update(num_local_experts=a.num_experts, num_experts_per_tok=a.num_experts_per_tok)
+    if a.architecture == "Qwen3MoeForCausalLM":
+        d.update(moe_intermediate_size=a.moe_intermediate_size, norm_topk_prob=a.norm_topk_prob,
+                 decoder_sparse_step=a.decoder_sparse_step, mlp_only_layers=list(a.mlp_only_layers))
+    return d
+
+
 _FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]] = {
     **{name: (_parse_llama_family, _write_llama_family) for name in LLAMA_FAMILY},
     "GPT2LMHeadModel": (_parse_gpt2, _write_gpt2),
     "BloomForCausalLM": (_parse_bloom, _write_bloom),
+    **{name: (_parse_moe, _write_moe) for name in MOE_FAMILY},
 }
 """architecture -> (config.json parser, config.json writer)."""
 assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)

@@ -188,6 +188,8 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = _stack(attn.q_proj, attn.k_proj, attn.v_proj)
             del attn.q_proj, attn.k_proj, attn.v_proj
+            if not isinstance(mlp, LlamaMLP):  # an MoE block (models/moe.py) keeps its experts stacked
+                continue
             mlp.gate_up_proj = _stack(mlp.gate_proj, mlp.up_proj)
             del mlp.gate_proj, mlp.up_proj
         self._register_state_dict_hook(_split_fused)
@@ -230,6 +232,8 @@ def _split_fused(module: nn.Module, state_dict: dict, prefix: str, local_metadat
     for layer_idx, layer in enumerate(module.model.layers):
         base = f"{prefix}model.layers.{layer_idx}."
         for fused, parts in _FUSED.items():
+            if fused.startswith("mlp") and not isinstance(layer.mlp, LlamaMLP):
+                continue
             sizes = layer.self_attn.sizes if fused.startswith("self_attn") else [layer.mlp.down_proj.in_features] * 2
             for kind in ("weight", "bias"):
                 tensor = state_dict.pop(f"{base}{fused}.{kind}", None)

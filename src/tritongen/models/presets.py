@@ -3,7 +3,8 @@
 Tiny presets exist for tests: vocab 49152 and eos 2 / bos 1 match the default tokenizer
 (SmolLM2's: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|>), so their output detokenizes. Each
 varies one family feature: GQA vs MHA, tied embeddings, qkv bias, sliding window, rope scaling,
-qk-norm (Qwen3), the GPT-2 layout (learned positions, LayerNorm, GELU), ALiBi (Bloom).
+qk-norm (Qwen3), the GPT-2 layout (learned positions, LayerNorm, GELU), ALiBi (Bloom), MoE routing
+(Mixtral, Qwen3-MoE).
 The real shapes are the Hub config.json files verbatim (classic layout), for benchmarks.
 """
 from __future__ import annotations
@@ -173,6 +174,71 @@ _BLOOM_7B1 = {
     "vocab_size": 250880,
 }
 
+# Mixtral-8x7B-v0.1's config.json (8 experts, top-2, 46.7B parameters).
+_MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 32000,
+}
+
+# Qwen3-30B-A3B's config.json (128 experts, top-8 renormalized, 3.3B active parameters).
+_QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
 PRESETS: dict[str, dict] = {
     "tiny-llama": _tiny(),
     "tiny-llama-mha": _tiny(num_key_value_heads=4, tie_word_embeddings=True),
@@ -220,6 +286,15 @@ PRESETS: dict[str, dict] = {
     # ALiBi; 6 heads, not a power of two, so the slopes' second sequence is used too.
     "tiny-bloom": {**_BLOOM_7B1, "hidden_size": 48, "n_head": 6, "n_layer": 2, "vocab_size": 49152,
                    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "seq_length": 2048},
+    # MoE: 4 experts, top-2 renormalized (Mixtral's rule), expert size 96.
+    "tiny-mixtral": _tiny(architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=96,
+                          num_local_experts=4, num_experts_per_tok=2, rope_theta=1000000.0, sliding_window=None),
+    # MoE with qk-norm: 8 experts, top-3 without renormalization, layer 1 dense (mlp_only_layers,
+    # intermediate_size 128) between MoE layers of expert size 48.
+    "tiny-qwen3-moe": _tiny(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_hidden_layers=3,
+                            head_dim=32, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+                            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+                            rope_theta=1000000.0, rms_norm_eps=1e-6, use_sliding_window=False),
     "smollm2-135m": _SMOLLM2_135M,
     "llama-2-7b": _LLAMA_2_7B,
     "llama-2-13b": _LLAMA_2_13B,
@@ -231,4 +306,6 @@ PRESETS: dict[str, dict] = {
     "qwen3-8b": _QWEN3_8B,
     "gpt2": _GPT2,
     "bloom-7b1": _BLOOM_7B1,
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+    "qwen3-30b-a3b": _QWEN3_30B_A3B,
 }

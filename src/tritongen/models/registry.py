@@ -7,6 +7,7 @@ from tritongen.models.arch import SUPPORTED_ARCHITECTURES, unsupported_architect
 from tritongen.models.bloom import BloomForCausalLM
 from tritongen.models.gpt2 import GPT2LMHeadModel
 from tritongen.models.llama import LlamaForCausalLM
+from tritongen.models.moe import MoEForCausalLM
 
 # One class covers the whole Llama family; differences (qkv bias, qk-norm, tied embeddings, sliding
 # window, rope scaling) are ModelArch fields.
@@ -17,6 +18,8 @@ _MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
     "BloomForCausalLM": BloomForCausalLM,
+    "MixtralForCausalLM": MoEForCausalLM,
+    "Qwen3MoeForCausalLM": MoEForCausalLM,
 }
 assert set(_MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

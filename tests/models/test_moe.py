@@ -1,0 +1,227 @@
+"""Mixtral and Qwen3-MoE against HF transformers' own classes, float32, through the whole engine.
+
+As in test_families.py: HF's class built from our tiny preset's config with random weights, saved
+with save_pretrained (which writes the Hub's per-expert tensors: block_sparse_moe.experts.E.w1/w2/w3
+for Mixtral, mlp.experts.E.gate_proj/up_proj/down_proj for Qwen3-MoE) and loaded by our loader;
+the engine runs with block size 4, a 16-token budget (chunked prefill), prefix caching and all
+requests batched. A second directory holds the same weights in transformers 5.x's fused in-memory
+layout (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); both must load to HF's
+exact tensors. tiny-qwen3-moe routes top-3 of 8 without renormalization and keeps layer 1 dense
+(mlp_only_layers); tiny-mixtral routes top-2 of 4, renormalized.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritongen import LLM, SamplingParams
+from tritongen.models.arch import ModelArch
+from tritongen.models.hf_twin import hf_greedy, hf_twin
+from tritongen.models.loader import load_model, read_arch
+from tritongen.models.moe import SparseMoeBlock
+from tritongen.models.presets import PRESETS
+from tritongen.ops import moe
+from tritongen.parallel.tensor_parallel import validate_tensor_parallel
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = {"MixtralForCausalLM": "tiny-mixtral", "Qwen3MoeForCausalLM": "tiny-qwen3-moe"}
+MAX_TOKENS = 10
+PROMPT_LENGTHS = (1, 3, 9, 25, 41)
+# The dense families' tolerance (test_families.py explains it). Routing adds no error of its own:
+# the same experts are picked unless two routing probabilities tie within ~1e-6, and a flipped
+# expert would move logprobs by far more than this.
+LOGPROB_ATOL = 1e-4
+
+
+def _hf_config(preset: str):
+    d = copy.deepcopy(PRESETS[preset])
+    d.pop("architectures")
+    d.pop("torch_dtype", None)
+    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+@torch.no_grad()
+def _randomize(hf: torch.nn.Module, seed: int) -> None:
+    """Norm scales ~ N(1, 0.1), matrices (router and experts too) ~ N(0, 1/hidden)."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = hf.config.hidden_size
+    for name, p in hf.named_parameters():
+        if p.dim() == 1:
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) * hidden ** -0.5)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory) -> tuple[str, Path, Path, torch.nn.Module]:
+    """(architecture, HF's save_pretrained directory, a fused-layout directory, the HF model)."""
+    from safetensors.torch import save_file
+
+    arch_name = request.param
+    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(FAMILIES[arch_name]), dtype=torch.float32,
+                                                       attn_implementation="eager")
+    assert type(hf).__name__ == arch_name
+    _randomize(hf, seed=1)
+    saved = tmp_path_factory.mktemp(arch_name)
+    hf.save_pretrained(saved)
+    fused = tmp_path_factory.mktemp(arch_name + "-fused")
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
+    (fused / "config.json").write_text((saved / "config.json").read_text())
+    return arch_name, saved, fused, hf.eval()
+
+
+def _prompts(vocab: int, seed: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _saved_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return list(f.keys())
+
+
+def test_save_pretrained_writes_the_hub_per_expert_layout(family) -> None:
+    arch_name, saved, _, _ = family
+    names = _saved_names(saved)
+    expert = ("model.layers.0.block_sparse_moe.experts.3.w2.weight" if arch_name == "MixtralForCausalLM"
+              else "model.layers.0.mlp.experts.7.up_proj.weight")
+    assert expert in names
+    assert not any("gate_up_proj" in n for n in names)
+
+
+def test_both_checkpoint_layouts_load_hf_exact_weights(family) -> None:
+    _, saved, fused, hf = family
+    hf_state = hf.state_dict()
+    for path in (saved, fused):
+        net, _ = load_model(str(path), torch.float32, torch.device("cpu"))
+        ours = net.hf_state_dict()
+        assert set(ours) == set(hf_state)
+        for name, tensor in ours.items():
+            assert torch.equal(tensor, hf_state[name]), (path.name, name)
+
+
+def test_engine_greedy_and_logprobs_match_hf(family, default_model_dir) -> None:
+    arch_name, saved, _, hf = family
+    llm = LLM(str(saved), tokenizer=default_model_dir, dtype="float32", device="cpu", block_size=4,
+              max_num_batched_tokens=16, enable_prefix_caching=True)
+    assert llm.engine.runner.arch.architecture == arch_name
+    vocab = hf.config.vocab_size
+    first = _prompts(vocab, seed=2)
+    second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *_prompts(vocab, seed=3, lengths=(2, 14))]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    for prompts in (first, second):
+        outs = llm.generate(prompts, params)
+        for prompt, out in zip(prompts, outs):
+            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
+            assert out.token_ids == ids, (arch_name, len(prompt))
+            ours = torch.tensor([lp.logprob for lp in out.logprobs])
+            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+    assert llm.stats()["prefix_cache_hit_rate"] > 0
+
+
+def test_hf_config_parses_to_the_preset_arch(family) -> None:
+    arch_name, saved, _, _ = family
+    ours = read_arch(f"dummy:{FAMILIES[arch_name]}")
+    theirs = read_arch(str(saved))  # transformers 5.x layout (num_local_experts, rope_parameters)
+    assert {**theirs.__dict__, "torch_dtype": None} == {**ours.__dict__, "torch_dtype": None}
+    assert ModelArch.from_hf_config(ours.to_hf_config()) == ours
+
+
+def test_hf_twin_of_a_dummy_model_agrees() -> None:
+    """Our dummy weights in HF's class (hf_state_dict's names) give the same next-token logits."""
+    net, arch = load_model("dummy:tiny-qwen3-moe", torch.float32, torch.device("cpu"), seed=3)
+    hf = hf_twin(net, arch)
+    prompt = _prompts(arch.vocab_size, seed=4, lengths=(12,))[0]
+    llm_ids, _ = hf_greedy(hf, prompt, 4)
+    llm = LLM("dummy:tiny-qwen3-moe", dtype="float32", device="cpu", seed=3, block_size=4)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert out.token_ids == llm_ids
+
+
+def test_real_shapes_parse() -> None:
+    mixtral, qwen = read_arch("dummy:mixtral-8x7b"), read_arch("dummy:qwen3-30b-a3b")
+    assert (mixtral.num_experts, mixtral.num_experts_per_tok, mixtral.moe_intermediate_size) == (8, 2, 14336)
+    assert mixtral.norm_topk_prob and mixtral.sliding_window is None and not mixtral.qk_norm
+    assert (qwen.num_experts, qwen.num_experts_per_tok, qwen.moe_intermediate_size) == (128, 8, 768)
+    assert qwen.norm_topk_prob and qwen.qk_norm and qwen.head_dim == 128
+    assert all(qwen.is_moe_layer(i) for i in range(qwen.num_hidden_layers))
+
+
+def test_sparse_step_and_mlp_only_layers_pick_the_dense_layers() -> None:
+    arch = ModelArch.from_hf_config({**PRESETS["tiny-qwen3-moe"], "num_hidden_layers": 6, "decoder_sparse_step": 2,
+                                     "mlp_only_layers": [3]})
+    assert [arch.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    with torch.device("meta"):
+        from tritongen.models.moe import MoEForCausalLM
+
+        net = MoEForCausalLM(arch)
+    assert [isinstance(layer.mlp, SparseMoeBlock) for layer in net.model.layers] == [arch.is_moe_layer(i)
+                                                                                   for i in range(6)]
+    assert net.model.layers[0].mlp.gate_proj.out_features == arch.intermediate_size
+
+
+def test_routing_renormalizes_as_the_config_says() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    w, ids = moe.select_experts(logits, 2, renormalize=True)
+    probs = torch.softmax(logits, -1)
+    assert ids.tolist() == [[0, 1]]
+    torch.testing.assert_close(w, probs[:, :2] / probs[:, :2].sum())
+    w_raw, _ = moe.select_experts(logits, 2, renormalize=False)
+    torch.testing.assert_close(w_raw, probs[:, :2])
+
+
+def test_a_checkpoint_missing_an_expert_is_refused(family, tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    _, saved, _, _ = family
+    with safe_open(str(saved / "model.safetensors"), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys() if ".experts.1." not in k or "layers.0." not in k}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((saved / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"lacks 2 parameters.*layers\.0\.mlp\.experts\.w"):
+        load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+
+
+def test_tensor_parallelism_is_refused_for_moe() -> None:
+    for preset in FAMILIES.values():
+        arch = read_arch(f"dummy:{preset}")
+        with pytest.raises(ValueError, match=arch.architecture):
+            validate_tensor_parallel(arch, 2)
+        validate_tensor_parallel(arch, 1)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_experts_per_tok": 9}, "num_experts_per_tok 9 must be in"),
+    ({"shared_expert_intermediate_size": 64}, "shared_expert_intermediate_size"),
+    ({"hidden_act": "gelu"}, "unsupported hidden_act"),
+])
+def test_unsupported_options_are_refused_by_name(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelArch.from_hf_config({**PRESETS["tiny-qwen3-moe"], **change})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
+    """On CUDA (fused MoE Triton kernels, Triton attention, CUDA graphs) against HF on CUDA, float32."""
+    arch_name, saved, _, hf_cpu = family
+    hf = copy.deepcopy(hf_cpu).cuda()
+    llm = LLM(str(saved), tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
+              max_num_batched_tokens=32, num_blocks=256)
+    prompts = _prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    try:
+        for prompt, out in zip(prompts, llm.generate(prompts, params)):
+            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
+            assert out.token_ids == ids, (arch_name, len(prompt))
+            ours = torch.tensor([lp.logprob for lp in out.logprobs])
+            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+    finally:
+        llm.shutdown()
