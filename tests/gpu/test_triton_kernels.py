@@ -221,31 +221,40 @@ def _qkv_case(h, hkv, d, bs, seqs, dtype, pad=True):
     return q, k, v, cos, sin, kv, meta, pad_slot
 
 
+DECODE_VARIANTS = (  # (case, rotary, ALiBi, logit softcap): every case as Llama runs it, two with the other terms
+    [(case, True, False, None) for case in DECODE_CASES]
+    + [(DECODE_CASES[i], rotary, alibi, cap) for i in (0, 3)
+       for rotary, alibi, cap in ((False, False, None), (True, False, 5.0), (False, True, None), (False, True, 2.0))])
+
+
 @pytest.mark.parametrize("splits", [1, 4])
-@pytest.mark.parametrize("case", DECODE_CASES)
+@pytest.mark.parametrize("case, rotary, alibi, softcap", DECODE_VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fused_unsplit", [True, False])
-def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, fused_unsplit, monkeypatch):
-    """decode_attention_triton (rotary, KV write and attention in one kernel) against the reference's
-    rotary + write_kv_cache_ref + paged_attention_ref. The cache holds rotary_write_kv_triton's bits
-    (the padding row's slot untouched), the split counters are back at zero, a second call (same
-    inputs, the same keys rewritten) gives the same bits."""
+def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, rotary, alibi, softcap, monkeypatch):
+    """decode_attention_triton (rotary where asked, KV write and attention in one kernel; unsplit:
+    the write, then the prefill kernel) against the reference's rotary + write_kv_cache_ref +
+    paged_attention_ref, with ALiBi slopes and a logit softcap. The cache holds the two-step
+    kernels' bits (the padding row's slot untouched), the split counters are back at zero, a second
+    call (same inputs, the same keys rewritten) gives the same bits."""
     from tritongen.ops import triton_attention as ta
 
     h, hkv, d, bs, seqs, window = case
     if INTERPRET and dtype is torch.bfloat16:
         pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
-    if splits > 1 and not fused_unsplit:
-        pytest.skip("FUSED_UNSPLIT only decides unsplit batches")
     monkeypatch.setattr(ta, "decode_splits", lambda num_seqs, num_kv_heads: splits)
-    monkeypatch.setattr(ta, "FUSED_UNSPLIT", fused_unsplit)  # off: large batches take the two steps
     q, k, v, cos, sin, kv, meta, pad_slot = _qkv_case(h, hkv, d, bs, seqs, dtype)
-    want_q, want_k = reference.apply_rotary(q, k, cos, sin)
+    slopes = reference.alibi_slopes(h).to(DEVICE) if alibi else None
+    if not rotary:
+        cos = sin = None
+    want_q, want_k = reference.apply_rotary(q, k, cos, sin) if rotary else (q, k)
     kv_ref, kv_two_step, before = kv.clone(), kv.clone(), kv.clone()
     reference.write_kv_cache_ref(want_k, v, kv_ref, meta.slot_mapping)
-    expected = reference.paged_attention_ref(want_q, kv_ref, meta, d ** -0.5, window)
-    ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
-    got = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window)
+    expected = reference.paged_attention_ref(want_q, kv_ref, meta, d ** -0.5, window, slopes, softcap)
+    if rotary:
+        ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
+    else:
+        ta.write_kv_cache_triton(k, v, kv_two_step, meta.slot_mapping)
+    got = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window, slopes, softcap)
     assert torch.equal(kv, kv_two_step)
     assert torch.equal(kv.view(2, -1, hkv, d)[:, pad_slot], before.view(2, -1, hkv, d)[:, pad_slot])
     tol = dict(atol=2e-5, rtol=2e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -253,15 +262,40 @@ def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, 
     torch.testing.assert_close(got.float(), expected.float(), **tol)
     if splits > 1:
         assert not ta.decode_counters(kv.device, 1).any()
-    assert torch.equal(ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window), got)
+    again = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window, slopes, softcap)
+    assert torch.equal(again, got)
     assert torch.equal(kv, kv_two_step)
 
 
-def test_rotary_attention_takes_the_fused_kernel_for_decode_batches_only(monkeypatch):
-    """ops.attention.rotary_attention (what LlamaAttention calls) with the Triton backend: a decode
-    batch (max_query_len 1; here 16 splits, decode_splits' own choice) runs decode_attention_triton
-    alone, a batch with a longer query the two steps; both agree with the reference backend, which
-    has no fused decode."""
+TERMS = [(True, None), (False, 5.0), (True, 2.0)]  # (ALiBi, logit softcap): Bloom's and Gemma 2's score terms
+
+
+@pytest.mark.parametrize("alibi, softcap", TERMS)
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_extend_and_split_decode_with_alibi_and_softcap_match_reference(case, alibi, softcap, dtype):
+    """paged_attention_triton with the score terms: the prefill kernel (prefill, extend, an
+    unsplit decode row among them) and the split decode of the same cache (one query per sequence)."""
+    h, hkv, d, bs, seqs, window = case
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
+    q, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, dtype, seed=4)
+    slopes = reference.alibi_slopes(h).to(DEVICE) if alibi else None
+    tol = 2e-5 if dtype is torch.float32 else 2e-2
+    expected = reference.paged_attention_ref(q, kv, meta, d ** -0.5, window, slopes, softcap)
+    got = paged_attention_triton(q, kv, meta, d ** -0.5, window, slopes, softcap)
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+    q1, _, _, kv1, meta1 = _random_case(h, hkv, d, bs, [(1, s) for _, s in seqs], dtype, seed=5)
+    expected = reference.paged_attention_ref(q1, kv1, meta1, d ** -0.5, window, slopes, softcap)
+    got = paged_attention_triton(q1, kv1, meta1, d ** -0.5, window, slopes, softcap)
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_rotary_and_cached_attention_take_the_fused_kernel_for_decode_batches_only(monkeypatch):
+    """ops.attention.rotary_attention (RoPE families) and cached_attention (ALiBi, learned positions)
+    with the backend their metadata name: a decode batch (max_query_len 1; here 16 splits,
+    decode_splits' own choice) runs decode_attention_triton alone, a batch with a longer query the
+    two steps; both agree with the reference backend, which has no fused decode."""
     from tritongen.ops import attention
     from tritongen.ops import triton_attention as ta
 
@@ -270,17 +304,28 @@ def test_rotary_attention_takes_the_fused_kernel_for_decode_batches_only(monkeyp
     assert attention._BACKENDS["reference"].decode_attention is None
     calls = []
     counted = backend._replace(decode_attention=lambda *a: calls.append(a) or ta.decode_attention_triton(*a))
+    monkeypatch.setitem(attention._BACKENDS, "counted", counted)
+    monkeypatch.setattr(attention, "_backend_for", lambda x, name: attention._BACKENDS[name])  # as on CUDA
+    slopes = reference.alibi_slopes(4).to(DEVICE)
     for seqs, fused in (([(1, 70), (1, 3)], True), ([(3, 70), (1, 5)], False)):
         q, k, v, cos, sin, kv, meta, _ = _qkv_case(4, 2, 32, 16, seqs, torch.float32)
-        kv_ref = kv.clone()
-        monkeypatch.setattr(attention, "_backend_for", lambda x: attention._BACKENDS["reference"])
-        want = attention.rotary_attention(q, k, v, cos, sin, kv_ref, meta, 32 ** -0.5)
-        monkeypatch.setattr(attention, "_backend_for", lambda x: counted)
-        calls.clear()
-        got = attention.rotary_attention(q, k, v, cos, sin, kv, meta, 32 ** -0.5)
-        assert len(calls) == fused
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(kv, kv_ref, atol=1e-5, rtol=1e-5)
+        for run in (lambda kv, meta: attention.rotary_attention(q, k, v, cos, sin, kv, meta, 32 ** -0.5),
+                    lambda kv, meta: attention.cached_attention(q, k, v, kv, meta, 32 ** -0.5, alibi_slopes=slopes)):
+            kv_ref, kv_got = kv.clone(), kv.clone()
+            want = run(kv_ref, meta)
+            calls.clear()
+            meta.backend = "counted"
+            got = run(kv_got, meta)
+            meta.backend = "reference"
+            assert len(calls) == fused
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(kv_got, kv_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_tensors_take_the_reference_whatever_the_metadata_names():
+    from tritongen.ops import attention
+
+    assert attention._backend_for(torch.zeros(1), "triton") is attention._BACKENDS["reference"]
 
 
 def test_decode_counters_grow_but_never_during_graph_capture(monkeypatch):

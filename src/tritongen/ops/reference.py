@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from tritongen.ops.attention import AttentionMetadata
+    from tritongen.ops.attention_metadata import AttentionMetadata
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

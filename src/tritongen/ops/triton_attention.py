@@ -1,22 +1,22 @@
-"""Triton-language kernels for the paged KV cache: KV write and one attention kernel for prefill,
-chunked prefill (extend over a cached prefix) and decode.
+"""Triton-language kernels for the paged KV cache: KV write, one attention kernel for prefill and
+chunked prefill (extend over a cached prefix), and one fused kernel for decode.
 
 One program handles one sequence, one KV head and a tile of query rows. Rows pack
 (query token, query head of the KV head's group), so GQA loads each KV tile once for the whole
 group and decode still fills the tensor-core tile with the group's heads. Keys are walked in
-tiles of BLOCK_N slots gathered through the block table, with an online softmax in float32.
+tiles of BLOCK_N slots gathered through the block table, with an online softmax in float32. The
+scores take the terms the model families need: a logit softcap (c * tanh(s / c), Gemma 2), an
+ALiBi bias (slope of the row's head times the key's position, Bloom), a sliding window.
 
 Small decode batches (one query token per sequence, few sequences x KV heads) would leave most SMs
 idle with one program per (sequence, KV head), so they split each context into NUM_SPLITS pieces
-("flash-decoding"): one program per (sequence, KV head, split) writes a partial softmax state to
-float32 scratch, and a second kernel combines the splits.
-
-The engine's decode batches take one fused kernel instead (decode_attention_triton): batch-1 decode
-paid ~2-3 us of fixed cost on an H200 for each of three launches per layer (rotary + KV write,
-split, reduce). Programs rotate their query heads as they load them; the split holding the new
-token stores its rotated key and value and reads them back through the cache after a CTA barrier;
-with NUM_SPLITS > 1 the last program of each (sequence, KV head) combines the partials, counted in
-as triton_gemv's split-K does. NUM_SPLITS == 1 is the plain decode of large batches.
+("flash-decoding"), in one launch that also does the step's rotary and KV write (batch-1 decode
+pays ~2-3 us of fixed cost on an H200 per launch): one program per (sequence, KV head, split)
+rotates its query heads as it loads them (RoPE families), the split holding the new token stores
+its key (rotated) and value and reads them back through the cache after a CTA barrier, and the last
+program of each (sequence, KV head) combines the splits' partial softmax states from float32
+scratch, counted in as triton_gemv's split-K does. Decode batches large enough to fill the GPU
+unsplit take the KV write and the prefill kernel instead.
 
 Everything here takes device tensors only (no host lists), so decode steps can be captured in
 CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.attention import AttentionMetadata
+from tritongen.ops.attention_metadata import AttentionMetadata
 from tritongen.ops.triton_elementwise import rope_row, rotate_heads
 from tritongen.ops.triton_gemv import split_workspace
 
@@ -102,12 +102,22 @@ def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
 
 
 @triton.jit
-def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale,
+def _row_slopes(SLOPES, head, row_ok, BLOCK_M: tl.constexpr, ALIBI: tl.constexpr):
+    """ALiBi slopes [BLOCK_M] of the rows' query heads (float32); zeros without ALiBi."""
+    slopes = tl.zeros([BLOCK_M], tl.float32)
+    if ALIBI:
+        slopes = tl.load(SLOPES + head, mask=row_ok, other=0.0).to(tl.float32)
+    return slopes
+
+
+@triton.jit
+def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale, slopes, softcap,
                  stride_bt, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-                 USE_WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                 USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
     """One tile of BLOCK_N key slots (n, gathered through the block table) folded into the online
-    softmax state (m_i, l_i, acc) of q's rows. Visible: slots n_ok; with CAUSAL only keys at or
-    before each row's q_pos, and with USE_WINDOW only the last `window` of those."""
+    softmax state (m_i, l_i, acc) of q's rows. Scores: scaled, capped (SOFTCAP), plus the rows'
+    slopes times each key's position (ALIBI), as reference.attend orders them. Visible: slots n_ok;
+    with CAUSAL only keys at or before each row's q_pos, and with USE_WINDOW only the last `window`."""
     blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
     off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
     kv_mask = n_ok[:, None] & d_ok[None, :]
@@ -116,6 +126,10 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
         qk = tl.dot(q, tl.trans(k)) * scale
+    if SOFTCAP:  # c * tanh(s / c), tanh as 1 - 2 / (e^2x + 1): saturates to +-1 without NaN
+        qk = softcap * (1.0 - 2.0 / (tl.exp(2.0 * qk / softcap) + 1.0))
+    if ALIBI:
+        qk = qk + slopes[:, None] * n[None, :].to(tl.float32)
     keep = n_ok[None, :]
     if CAUSAL:
         keep = (n[None, :] <= q_pos[:, None]) & keep
@@ -137,10 +151,11 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
 
 @triton.jit
 def _paged_attn_kernel(
-    Q, K, V, O, BT, SEQ_LENS, QSL, scale, window,
+    Q, K, V, O, BT, SEQ_LENS, QSL, SLOPES, scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, USE_WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -159,6 +174,7 @@ def _paged_attn_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(Q + (q_start + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    slopes = _row_slopes(SLOPES, head, row_ok, BLOCK_M, ALIBI)
     q_pos = ctx + tok
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -171,7 +187,8 @@ def _paged_attn_kernel(
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale,
-                                     stride_bt, stride_kb, stride_ks, stride_kh, PAGE, True, USE_WINDOW, IEEE)
+                                     slopes, softcap, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, True,
+                                     USE_WINDOW, ALIBI, SOFTCAP, IEEE)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(O + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -186,8 +203,9 @@ DECODE_BLOCK_N = 64
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int) -> int:
-    """How many pieces each context of a decode batch is split into (a power of two; 1 = the
-    unsplit kernel): the fewest that give SPLIT_TARGET_PROGRAMS programs, at most MAX_SPLITS."""
+    """How many pieces each context of a decode batch is split into (a power of two; 1 = unsplit:
+    the KV write and the prefill kernel): the fewest that give SPLIT_TARGET_PROGRAMS programs, at
+    most MAX_SPLITS."""
     programs = num_seqs * num_kv_heads
     if programs >= SPLIT_BELOW_PROGRAMS:
         return 1
@@ -211,9 +229,9 @@ def _split_range(seq_len, window, split, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.c
 
 
 @triton.jit
-def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, stride_bt, stride_kb, stride_ks, stride_kh,
-                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 IEEE: tl.constexpr):
+def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, slopes, softcap, stride_bt, stride_kb,
+                 stride_ks, stride_kh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PAGE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
     """Online-softmax state (m, l, acc) of one decode query's rows over one split's keys (see
     _split_range; no causal mask needed); an empty split gives m=-inf, l=0, acc=0."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -222,64 +240,10 @@ def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, stride_b
     for tile in range(start, end, BLOCK_N):  # no iterations for an empty split
         n = tile + tl.arange(0, BLOCK_N)
         n_ok = (n < end) & (n >= lo)
-        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, end, 0, d, d_ok, m_i, l_i, acc,
-                                     scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, IEEE)
+        m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, end, 0, d, d_ok, m_i, l_i, acc, scale, slopes,
+                                     softcap, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, ALIBI,
+                                     SOFTCAP, IEEE)
     return m_i, l_i, acc
-
-
-@triton.jit
-def _decode_split_kernel(
-    Q, K, V, PART_M, PART_L, PART_ACC, BT, SEQ_LENS, QSL, scale, window,
-    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    q_start = tl.load(QSL + seq)
-    if tl.load(QSL + seq + 1) == q_start:
-        return  # no query token this step; the reduce kernel skips the sequence too
-    seq_len = tl.load(SEQ_LENS + seq)  # the one query sits at seq_len - 1 and sees every key before it
-    lo, start, end = _split_range(seq_len, window, split, BLOCK_N, NUM_SPLITS, USE_WINDOW)
-    r = tl.arange(0, BLOCK_M)  # rows: the GROUP query heads of this KV head, padded for tl.dot
-    row_ok = r < GROUP
-    head = kvh * GROUP + r
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q = tl.load(Q + q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    m_i, l_i, acc = _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, stride_bt, stride_kb,
-                                 stride_ks, stride_kh, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, IEEE)
-    # Scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]; an empty split stores m=-inf, l=0, acc=0.
-    part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS + split
-    tl.store(PART_M + part, m_i, mask=row_ok)
-    tl.store(PART_L + part, l_i, mask=row_ok)
-    tl.store(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _decode_reduce_kernel(PART_M, PART_L, PART_ACC, O, QSL, stride_ot, stride_oh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    q_start = tl.load(QSL + seq)
-    if tl.load(QSL + seq + 1) == q_start:
-        return
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
-    m = tl.load(PART_M + part)
-    l_part = tl.load(PART_L + part)
-    acc = tl.load(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], mask=d_ok[None, :], other=0.0)
-    m_max = tl.max(m, 0)
-    # Rescale every split to the common max; empty splits (m=-inf) weigh 0, and a context with
-    # no visible key at all (every split empty) gives 0, not NaN.
-    w = tl.exp(m - tl.where(m_max == float("-inf"), 0.0, m_max))
-    l_sum = tl.sum(w * l_part, 0)
-    out = tl.sum(w[:, None] * acc, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
-    tl.store(O + q_start.to(tl.int64) * stride_ot + head * stride_oh + d, out.to(O.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -311,6 +275,18 @@ def _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, st
     for half in tl.static_range(2):
         src = V + t.to(tl.int64) * stride_vt + kvh * stride_vh + half * HALF + d
         tl.store(VC + dst + half * HALF + d, tl.load(src, mask=d < HALF), mask=d < HALF)
+
+
+@triton.jit
+def _copy_new_kv(K, V, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Token t's key and value for KV head kvh stored at cache slot `slot` as they are (families
+    without rotary): the bits _write_kv_kernel stores."""
+    d = tl.arange(0, BLOCK_D)
+    ok = d < HEAD_DIM
+    dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch + d
+    tl.store(KC + dst, tl.load(K + t.to(tl.int64) * stride_kt + kvh * stride_kh + d, mask=ok), mask=ok)
+    tl.store(VC + dst, tl.load(V + t.to(tl.int64) * stride_vt + kvh * stride_vh + d, mask=ok), mask=ok)
 
 
 @triton.jit
@@ -348,12 +324,13 @@ def _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs,
 
 @triton.jit
 def _decode_attn_kernel(
-    Q, K, V, COS, SIN, KC, VC, O, SLOTS, BT, SEQ_LENS, QSL, PART_M, PART_L, PART_ACC, COUNTS, scale, window,
+    Q, K, V, COS, SIN, KC, VC, O, SLOTS, BT, SEQ_LENS, QSL, SLOPES, PART_M, PART_L, PART_ACC, COUNTS,
+    scale, window, softcap,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
-    IEEE: tl.constexpr,
+    ROTARY: tl.constexpr, WRITE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)  # grid (num_seqs, num_kv_heads, NUM_SPLITS); the module docstring says why
     kvh = tl.program_id(1)
@@ -366,89 +343,32 @@ def _decode_attn_kernel(
     row_ok = r < GROUP
     head = kvh * GROUP + r
     d = tl.arange(0, BLOCK_D)
-    q = _rotated_q(Q, COS, SIN, t, head, row_ok, d, stride_qt, stride_qh, stride_cos, HEAD_DIM // 2)
-    slot = tl.load(SLOTS + t)
-    # The one split whose keys end at the new token stores it (negative slots: padding rows of
-    # CUDA-graph batches), then reads it back through the cache; no other split reads that slot.
-    if (start < end) & (end == seq_len) & (slot >= 0):
-        _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
-                      stride_cs, stride_ch, HEAD_DIM // 2, BLOCK_D // 2)
-        tl.debug_barrier()  # every thread's stores are visible to every thread's tile loads
-    m_i, l_i, acc = _attend_keys(q, KC, VC, BT, seq, kvh, lo, start, end, d, d < HEAD_DIM, scale, stride_bt,
-                                 stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, IEEE)
+    if ROTARY:
+        q = _rotated_q(Q, COS, SIN, t, head, row_ok, d, stride_qt, stride_qh, stride_cos, HEAD_DIM // 2)
+    else:
+        q = tl.load(Q + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    if WRITE:
+        slot = tl.load(SLOTS + t)
+        # The one split whose keys end at the new token stores it (negative slots: padding rows of
+        # CUDA-graph batches), then reads it back through the cache; no other split reads that slot.
+        if (start < end) & (end == seq_len) & (slot >= 0):
+            if ROTARY:
+                _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+                              stride_cos, stride_cs, stride_ch, HEAD_DIM // 2, BLOCK_D // 2)
+            else:
+                _copy_new_kv(K, V, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                             stride_ch, HEAD_DIM, BLOCK_D)
+            tl.debug_barrier()  # every thread's stores are visible to every thread's tile loads
+    slopes = _row_slopes(SLOPES, head, row_ok, BLOCK_M, ALIBI)
+    m_i, l_i, acc = _attend_keys(q, KC, VC, BT, seq, kvh, lo, start, end, d, d < HEAD_DIM, scale, slopes, softcap,
+                                 stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, ALIBI,
+                                 SOFTCAP, IEEE)
     o_ptrs = O + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :]
     o_ok = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(o_ptrs, (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(O.dtype.element_ty), mask=o_ok)
-    else:  # scratch [num_seqs, num_heads, NUM_SPLITS(, HEAD_DIM)]
-        part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS
-        _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs, o_ok, part, row_ok, d,
-                            HEAD_DIM, NUM_SPLITS, BLOCK_M, BLOCK_D)
-
-
-def _decode_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-                            meta: AttentionMetadata, scale: float, sliding_window: Optional[int],
-                            num_splits: int) -> None:
-    """Decode (one query token per sequence) with each context split into num_splits pieces."""
-    num_seqs = meta.seq_lens.shape[0]
-    _, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    # Fresh scratch each call (a captured graph keeps it in its memory pool); every entry of a
-    # sequence with a query token is written by the split kernel before the reduce reads it.
-    part_ml = torch.empty(2, num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
-    part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, part_ml[0], part_ml[1], part_acc, meta.block_tables, meta.seq_lens,
-        meta.query_start_loc, scale, sliding_window or 0,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        meta.block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size, NUM_SPLITS=num_splits,
-        USE_WINDOW=bool(sliding_window), IEEE=q.dtype == torch.float32,
-    )
-    _decode_reduce_kernel[(num_seqs, num_heads)](
-        part_ml[0], part_ml[1], part_acc, out, meta.query_start_loc, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-    )
-
-
-def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                           sliding_window: Optional[int] = None) -> torch.Tensor:
-    T, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
-    max_q = meta.max_query_len
-    if T == 0 or max_q == 0:
-        return out
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    splits = decode_splits(meta.seq_lens.shape[0], num_kv_heads) if max_q == 1 else 1
-    if splits > 1:
-        _decode_split_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, splits)
-        return out
-    block_m = max(16, triton.next_power_of_2(group))
-    if max_q > 1:
-        block_m = max(block_m, 64)
-    toks = block_m // group
-    grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
-    _paged_attn_kernel[grid](
-        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        scale, sliding_window or 0,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
-        IEEE=q.dtype == torch.float32,
-    )
-    return out
-
-
-FUSED_UNSPLIT = False
-"""Whether decode batches too large to split (NUM_SPLITS 1) take the fused kernel as well. Off: on an
-H200 the fused kernel lost there (13B offline sharegpt-like-1000, same job: 16.28 vs 16.51 req/s with
-the separate rotary + attention kernels) while winning at batch 1 (7.059 vs 7.162 ms/step)."""
+    part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS  # scratch [num_seqs, num_heads, NUM_SPLITS(, D)]
+    _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs, o_ok, part, row_ok, d,
+                        HEAD_DIM, NUM_SPLITS, BLOCK_M, BLOCK_D)
 
 
 def decode_counters(device: torch.device, n: int) -> torch.Tensor:
@@ -460,38 +380,92 @@ def decode_counters(device: torch.device, n: int) -> torch.Tensor:
     return split_workspace(device, 0, max(n, SPLIT_BELOW_PROGRAMS))[1]
 
 
-def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                            sliding_window: Optional[int] = None) -> torch.Tensor:
-    """A decode batch (at most one query token per sequence) in one launch: rotary on q [T, Hq, D]
-    and k [T, Hkv, D] by cos/sin [T, D], the rotated k and v stored at meta.slot_mapping, attention
-    over each context; returns [T, Hq, D], contiguous. q, k, v: un-rotated views with any token and
-    head strides (of a fused qkv output), last dim contiguous. Same cache bits as rotary_write_kv_triton."""
-    T, num_heads, head_dim = q.shape
-    num_seqs, num_kv_heads = meta.seq_lens.shape[0], k.shape[1]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if T == 0:
-        return out
-    splits = decode_splits(num_seqs, num_kv_heads)
-    if splits == 1 and not FUSED_UNSPLIT:
-        q = rotary_write_kv_triton(q, k, v, cos, sin, kv_cache, meta.slot_mapping)
-        return paged_attention_triton(q, kv_cache, meta, scale, sliding_window)
-    part_m = part_l = part_acc = counts = None  # NUM_SPLITS == 1 never touches them
-    if splits > 1:
-        # Fresh scratch each call (a captured graph keeps it in its memory pool); every partial of a
-        # sequence with a query token is written before its counter lets the last program read it.
-        part_m, part_l = torch.empty(2, num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
-        part_acc = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
-        counts = decode_counters(q.device, num_seqs * num_kv_heads)
-    cos, sin = cos.contiguous(), sin.contiguous()
+def _stride(t: Optional[torch.Tensor], dim: int) -> int:
+    return t.stride(dim) if t is not None else 0
+
+
+def _split_decode(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], cos: Optional[torch.Tensor],
+                  sin: Optional[torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor,
+                  scale: float, sliding_window: Optional[int], alibi_slopes: Optional[torch.Tensor],
+                  logit_softcap: Optional[float], splits: int) -> None:
+    """A decode batch split `splits` ways in one launch of _decode_attn_kernel: with k, v the
+    step's keys and values are stored first (rotated by cos/sin when given), without them the
+    cache already holds them."""
+    num_seqs, (_, num_heads, head_dim), num_kv_heads = meta.seq_lens.shape[0], q.shape, kv_cache.shape[3]
+    # Fresh scratch each call (a captured graph keeps it in its memory pool); every partial of a
+    # sequence with a query token is written before its counter lets the last program read it.
+    part_m, part_l = torch.empty(2, num_seqs, num_heads, splits, dtype=torch.float32, device=q.device)
+    part_acc = torch.empty(num_seqs, num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
+    counts = decode_counters(q.device, num_seqs * num_kv_heads)
+    if cos is not None:
+        cos, sin = cos.contiguous(), sin.contiguous()
     kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
+    group = num_heads // num_kv_heads
     _decode_attn_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, cos, sin, kc, vc, out, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        part_m, part_l, part_acc, counts, scale, sliding_window or 0,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+        alibi_slopes, part_m, part_l, part_acc, counts, scale, sliding_window or 0, float(logit_softcap or 1.0),
+        q.stride(0), q.stride(1), _stride(k, 0), _stride(k, 1), _stride(v, 0), _stride(v, 1), _stride(cos, 0),
         out.stride(0), out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), meta.block_tables.stride(0),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=max(16, triton.next_power_of_2(num_heads // num_kv_heads)), BLOCK_N=DECODE_BLOCK_N,
-        PAGE=meta.block_size, NUM_SPLITS=splits, USE_WINDOW=bool(sliding_window), IEEE=q.dtype == torch.float32,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size,
+        NUM_SPLITS=splits, USE_WINDOW=bool(sliding_window), ROTARY=cos is not None, WRITE=k is not None,
+        ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
     )
+
+
+def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                           sliding_window: Optional[int] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                           logit_softcap: Optional[float] = None) -> torch.Tensor:
+    """ops.attention.paged_attention's contract: the cache already holds this step's keys."""
+    T, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    max_q = meta.max_query_len
+    if T == 0 or max_q == 0:
+        return out
+    splits = decode_splits(meta.seq_lens.shape[0], num_kv_heads) if max_q == 1 else 1
+    if splits > 1:
+        _split_decode(q, None, None, None, None, kv_cache, meta, out, scale, sliding_window, alibi_slopes,
+                      logit_softcap, splits)
+        return out
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    block_m = max(16, triton.next_power_of_2(group))
+    if max_q > 1:
+        block_m = max(block_m, 64)
+    toks = block_m // group
+    grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
+    _paged_attn_kernel[grid](
+        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc, alibi_slopes,
+        scale, sliding_window or 0, float(logit_softcap or 1.0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
+        ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
+    )
+    return out
+
+
+def decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: Optional[torch.Tensor],
+                            sin: Optional[torch.Tensor], kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                            sliding_window: Optional[int] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                            logit_softcap: Optional[float] = None) -> torch.Tensor:
+    """A decode batch (at most one query token per sequence): rotary on q [T, Hq, D] and k [T, Hkv, D]
+    by cos/sin [T, D] (none when cos is None), k and v stored at meta.slot_mapping, attention over
+    each context; returns [T, Hq, D], contiguous. q, k, v: views with any token and head strides (of
+    a fused qkv output), last dim contiguous. One launch for split batches; batches that fill the
+    GPU unsplit take the KV write and the prefill kernel. Same cache bits either way."""
+    num_seqs, num_kv_heads = meta.seq_lens.shape[0], k.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.shape[0] == 0:
+        return out
+    splits = decode_splits(num_seqs, num_kv_heads)
+    if splits == 1:
+        if cos is None:
+            write_kv_cache_triton(k, v, kv_cache, meta.slot_mapping)
+        else:
+            q = rotary_write_kv_triton(q, k, v, cos, sin, kv_cache, meta.slot_mapping)
+        return paged_attention_triton(q, kv_cache, meta, scale, sliding_window, alibi_slopes, logit_softcap)
+    _split_decode(q, k, v, cos, sin, kv_cache, meta, out, scale, sliding_window, alibi_slopes, logit_softcap, splits)
     return out

@@ -1,0 +1,79 @@
+"""AttentionMetadata: where one step's tokens sit in the paged KV cache, built by the runner and
+read by every attention implementation (ops/reference.py, ops/triton_attention.py) and by the
+dispatch (ops/attention.py, which re-exports both names).
+
+KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V).
+Slot s lives at block s // block_size, offset s % block_size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens sit in the paged KV cache. Shared by every layer of the step."""
+
+    slot_mapping: torch.Tensor
+    """[T] int64: cache slot (block_id * block_size + offset) of each new token; < 0 = padding."""
+    query_start_loc: torch.Tensor
+    """[B+1] int32 on device: token offsets of each sequence in the flat batch."""
+    seq_lens: torch.Tensor
+    """[B] int32 on device: context length of each sequence after this step."""
+    block_tables: torch.Tensor
+    """[B, max_blocks] int32 on device, padded with 0."""
+    query_start_loc_cpu: list[int]
+    """Host copy of query_start_loc (the reference loops over sequences on the host)."""
+    seq_lens_cpu: list[int]
+    """Host copy of seq_lens."""
+    block_size: int
+    backend: str = "reference"
+    """The attention implementation CUDA tensors of this step take (ops.attention's registry): the
+    engine's choice, so two engines in one process may differ. CPU tensors always take the reference."""
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @cached_property
+    def max_query_len(self) -> int:
+        starts = self.query_start_loc_cpu
+        return max((b - a for a, b in zip(starts, starts[1:])), default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_cpu, default=0)
+
+
+def build_attention_metadata(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    backend: str = "reference",
+) -> AttentionMetadata:
+    """Metadata for a flat batch where sequence i feeds query_lens[i] tokens ending at seq_lens[i]."""
+    qsl = [0]
+    slots: list[int] = []
+    for q_len, seq_len, table in zip(query_lens, seq_lens, block_tables):
+        if q_len > seq_len or len(table) * block_size < seq_len:
+            raise ValueError(f"bad sequence: q_len={q_len} seq_len={seq_len} blocks={len(table)}")
+        qsl.append(qsl[-1] + q_len)
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(seq_len - q_len, seq_len))
+    width = max((len(t) for t in block_tables), default=0)
+    padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(len(padded), width),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=list(seq_lens),
+        block_size=block_size,
+        backend=backend,
+    )
