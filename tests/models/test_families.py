@@ -163,30 +163,14 @@ def test_bloom_hub_layout_checkpoint_loads_and_slopes_stay_float32(tmp_path: Pat
     assert torch.equal(half.transformer.alibi_slopes, expected[:, 0, 1])  # key position 1: the slopes
 
 
-def test_alibi_is_refused_by_backends_without_a_bias_term(monkeypatch) -> None:
-    from tritongen.ops import attention, reference
-
-    no_bias = attention.AttentionBackend(reference.write_kv_cache_ref, reference.paged_attention_ref)
-    monkeypatch.setattr(attention, "_backend_for", lambda q: no_bias)  # what a CUDA tensor would get
-    meta = attention.build_attention_metadata([1], [1], [[0]], 4)
-    q, kv = torch.zeros(1, 2, 8), torch.zeros(2, 1, 4, 2, 8)
-    attention.paged_attention(q, kv, meta, 1.0)  # no bias: any backend
-    with pytest.raises(NotImplementedError, match="ALiBi attention .* not on GPU yet"):
-        attention.paged_attention(q, kv, meta, 1.0, alibi_slopes=torch.ones(2))
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
     """On CUDA (Triton kernels, fused projections, decode CUDA graphs) against HF on CUDA, both in
-    float32; Bloom's ALiBi is refused by the Triton backend at load and runs on the reference."""
+    float32; Bloom's ALiBi runs inside the Triton attention kernels."""
     arch_name, path, hf_cpu = family
     hf = copy.deepcopy(hf_cpu).cuda()
     kw = dict(tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
               max_num_batched_tokens=32, num_blocks=256)
-    if arch_name == "BloomForCausalLM":
-        with pytest.raises(NotImplementedError, match="ALiBi attention .* not on GPU yet"):
-            LLM(str(path), **kw)
-        kw.update(attention_backend="reference", enforce_eager=True)
     llm = LLM(str(path), **kw)
     prompts = _prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)

@@ -151,7 +151,7 @@ def _run_pytest(ctx: SuiteContext) -> dict:
             **_pytest_counts(proc.stdout), "tail": tail}
 
 
-def _prefill_logits(net, ids: list[int], device):
+def _prefill_logits(net, ids: list[int], device, backend: str = "reference"):
     """Logits of every prompt position through our model, one sequence in a fresh paged cache."""
     import torch
 
@@ -160,8 +160,9 @@ def _prefill_logits(net, ids: list[int], device):
     bs, n = 16, len(ids)
     nb = -(-n // bs)
     dtype = next(net.parameters()).dtype
-    kv = [torch.zeros(net.kv_cache_shape(nb, bs), dtype=dtype, device=device) for _ in net.model.layers]
-    meta = build_attention_metadata([n], [n], [list(range(nb))], bs, device)
+    kv = [torch.zeros(net.kv_cache_shape(nb, bs), dtype=dtype, device=device)
+          for _ in range(net.arch.num_hidden_layers)]
+    meta = build_attention_metadata([n], [n], [list(range(nb))], bs, device, backend)
     with torch.inference_mode():
         hidden = net(torch.tensor(ids, device=device), torch.arange(n, device=device), kv, meta)
         return net.compute_logits(hidden).float().cpu()
@@ -191,8 +192,8 @@ def _logits_one(ctx: SuiteContext, model: str) -> tuple[dict, list[Row]]:
         net, arch = load_model(model, torch.float32, device, seed=cfg.seed)
         ids = [random.Random(cfg.seed).randrange(arch.vocab_size) for _ in range(48)]
         ref = _prefill_logits(_copy_model(net, arch, torch.float32, torch.device("cpu")), ids, "cpu")
-        got = {"fp32": _prefill_logits(net, ids, device),
-               "bf16": _prefill_logits(_copy_model(net, arch, torch.bfloat16, device), ids, device)}
+        got = {"fp32": _prefill_logits(net, ids, device, backend),
+               "bf16": _prefill_logits(_copy_model(net, arch, torch.bfloat16, device), ids, device, backend)}
         hf = hf_from_state(net.hf_state_dict(), arch, torch.float32, device)
         with torch.no_grad():
             got["hf_fp32"] = hf(torch.tensor([ids], device=device)).logits[0].float().cpu()

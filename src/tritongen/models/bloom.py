@@ -5,7 +5,6 @@ attention, lm_head tied to the embedding.
 Parameter names and layouts are HF's. `query_key_value` stays fused as in the checkpoint: its
 rows are per head [q_h | k_h | v_h] (interleaved), so a view splits it with no copy, and a
 tensor-parallel rank's heads would be one contiguous slice of it.
-ALiBi exists only in the reference attention so far (ops.attention refuses it on the GPU kernels).
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.gpt2 import LayerNorm
 from tritongen.models.llama import Linear
 from tritongen.ops import reference
-from tritongen.ops.attention import AttentionMetadata, paged_attention, write_kv_cache
+from tritongen.ops.attention import AttentionMetadata, cached_attention
 
 
 class BloomAttention(nn.Module):
@@ -34,8 +33,7 @@ class BloomAttention(nn.Module):
                 attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.query_key_value(x).view(T, self.num_heads, 3, self.head_dim).unbind(2)
-        write_kv_cache(k, v, kv_cache, attn.slot_mapping)  # first: queries attend to their own keys
-        out = paged_attention(q, kv_cache, attn, self.scale, alibi_slopes=slopes)
+        out = cached_attention(q, k, v, kv_cache, attn, self.scale, alibi_slopes=slopes)
         return self.dense(out.reshape(T, self.num_heads * self.head_dim))
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from tritongen.models.arch import ModelArch
 from tritongen.models.llama import Linear
 from tritongen.ops import reference
-from tritongen.ops.attention import AttentionMetadata, paged_attention, write_kv_cache
+from tritongen.ops.attention import AttentionMetadata, cached_attention
 
 _CONV1D = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 """Conv1D weights of a block besides c_attn: [in, out] in HF checkpoints."""
@@ -49,8 +49,7 @@ class GPT2Attention(nn.Module):
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = (p(x).view(T, self.num_heads, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
-        write_kv_cache(k, v, kv_cache, attn.slot_mapping)  # first: queries attend to their own keys
-        out = paged_attention(q, kv_cache, attn, self.scale)
+        out = cached_attention(q, k, v, kv_cache, attn, self.scale)
         return self.c_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 

@@ -46,7 +46,8 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:g], query_start_loc=self.query_start_loc[: g + 1],
             seq_lens=self.seq_lens[:g], block_tables=self.block_tables[:g],
-            query_start_loc_cpu=list(range(g + 1)), seq_lens_cpu=[1] * g, block_size=self.block_size)
+            query_start_loc_cpu=list(range(g + 1)), seq_lens_cpu=[1] * g, block_size=self.block_size,
+            backend="triton")  # maybe_build_graphs builds graphs for the Triton backend only
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -200,6 +200,7 @@ class ModelRunner:
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
             block_size=bs,
+            backend=self.attention_backend,
         )
         return _Batch(self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64),
                       attn, self._to_device(logits_idx, torch.int64))
