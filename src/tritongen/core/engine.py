@@ -306,6 +306,8 @@ class EngineCore:
             "num_waiting": len(self.scheduler.waiting),
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_free": bm.num_free_blocks,
+            "block_size": bm.block_size,  # with kv_blocks_total: the cache_config_info metrics
+            "enable_prefix_caching": bm.enable_prefix_caching,
             "kv_cache_usage": bm.usage,
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate,
             "num_preemptions": self.scheduler.num_preemptions,
