@@ -139,6 +139,17 @@ def add_serve_parser(sub) -> None:
                    help="default: llm + llm_bls; ensemble: also preprocessing -> llm -> postprocessing")
     t.add_argument("--repo-dir", default=None, help="where to write the model repository (default: a temp dir)")
     t.add_argument("--name", default="llm", help="name of the decoupled engine model")
+    t.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="explicit",
+                   help="tritonserver's model control: explicit (load/unload through the repository API; "
+                        "the default), none (every model loaded at start, fixed), poll (the repository is "
+                        "watched and changes are loaded)")
+    t.add_argument("--load-model", action="append", default=None, metavar="NAME",
+                   help="with --model-control-mode explicit: a model to load at start (repeatable; default: all)")
+    t.add_argument("--version-policy", default=None, metavar="POLICY",
+                   help="version_policy of every model written: latest:N, all, or specific:V[,V...] "
+                        "(default: Triton's, the latest version)")
+    t.add_argument("--stream-interval", type=int, default=None, metavar="N",
+                   help="tokens per streamed response of the engine model (its parameter stream_interval; default 1)")
     o = s.add_argument_group("openai frontend")
     o.add_argument("--host", default="127.0.0.1")
     o.add_argument("--port", type=int, default=9000)
