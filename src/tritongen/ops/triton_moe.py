@@ -23,7 +23,7 @@ import triton.language as tl
 
 
 def block_m_for(num_pairs: int, num_experts: int) -> int:
-    """Rows per block: about the mean pairs per expert (less padding for decode batches), 16..64."""
+    """Rows per block: about the mean pairs per expert (little padding for decode batches), 16..64."""
     per_expert = num_pairs / num_experts
     for bm in (16, 32):
         if per_expert <= bm:
@@ -127,21 +127,38 @@ def _down_kernel(h_ptr, w_ptr, y_ptr, weights_ptr, sorted_ids_ptr, block_expert_
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
-def _configs() -> list[triton.Config]:
-    tiles = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (128, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in tiles]
+# Tile candidates (BLOCK_N, BLOCK_K, num_warps, num_stages). Decode-sized blocks (<= 32 rows):
+# narrow, deep tiles, many programs streaming weights (the shapes triton_gemv measured best for
+# skinny GEMMs on the H200); larger blocks: wider tiles that reuse each loaded row of x more.
+_SMALL = ((32, 128, 4, 3), (32, 256, 4, 5), (64, 128, 4, 3), (64, 256, 4, 4), (16, 256, 4, 4))
+_LARGE = ((64, 64, 4, 4), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3))
+_SMEM_BYTES = 220 * 1024  # an H200 SM has 227 KB of shared memory
 
 
-def _prune(configs, named_args, **kwargs):
-    """Blocks of 16 rows (decode) try narrow, deep tiles: more programs stream the weights at
-    once; larger blocks try wide tiles, which reuse each loaded row of x more."""
-    small = {**named_args, **kwargs}["BLOCK_M"] <= 16
-    return [c for c in configs if (c.kwargs["BLOCK_N"] <= 64 if small else c.kwargs["BLOCK_N"] >= 64)]
+def _config_key(c: triton.Config) -> tuple:
+    return c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages
 
 
-_TUNE = dict(configs=_configs(), key=["N", "K", "BLOCK_M", "IEEE"], prune_configs_by={"early_config_prune": _prune})
-_gate_up_tuned = triton.autotune(**_TUNE)(_gate_up_kernel)
-_down_tuned = triton.autotune(**_TUNE)(_down_kernel)
+def _pruner(halves: int):
+    """early_config_prune of a kernel that streams `halves` weight tiles per K step: the block
+    size's candidates whose pipelined tiles fit in shared memory."""
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        bm, elt = args["BLOCK_M"], 4 if args["IEEE"] else 2
+        group = _SMALL if bm <= 32 else _LARGE
+        keep = [c for c in configs if _config_key(c) in group and
+                c.num_stages * c.kwargs["BLOCK_K"] * (bm + halves * c.kwargs["BLOCK_N"]) * elt <= _SMEM_BYTES]
+        return keep or [min(configs, key=lambda c: c.num_stages * c.kwargs["BLOCK_K"] * c.kwargs["BLOCK_N"])]
+    return prune
+
+
+_CONFIGS = [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st)
+            for n, k, w, st in dict.fromkeys(_SMALL + _LARGE)]
+_KEY = ["N", "K", "BLOCK_M", "IEEE"]
+_gate_up_tuned = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner(2)})(
+    _gate_up_kernel)
+_down_tuned = triton.autotune(_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _pruner(1)})(
+    _down_kernel)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
