@@ -49,10 +49,14 @@ def num_params(arch: ModelArch) -> int:
     """All parameters of the model (the embedding counted once when lm_head shares it)."""
     h, d, i = arch.hidden_size, arch.head_dim, arch.intermediate_size
     q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
-    attn = 2 * h * q + 2 * h * kv + (q + 2 * kv) * arch.attention_bias + h * arch.o_proj_bias
-    mlp = 3 * h * i + (2 * i + h) * arch.mlp_bias
+    attn = 2 * h * q + 2 * h * kv + (q + 2 * kv) * arch.attention_bias + h * arch.o_proj_bias + 2 * d * arch.qk_norm
+    mats = 3 if arch.mlp == "gated" else 2  # gated (Llama) or plain (GPT-2, Bloom) MLP
+    mlp = mats * h * i + ((mats - 1) * i + h) * arch.mlp_bias
+    norm = h * (2 if arch.norm_bias else 1)  # LayerNorms carry a bias
     embed = arch.vocab_size * h
-    return arch.num_hidden_layers * (attn + mlp + 2 * h) + h + embed + (0 if arch.tie_word_embeddings else embed)
+    positions = arch.max_position_embeddings * h if arch.position_encoding == "learned" else 0  # GPT-2
+    return (arch.num_hidden_layers * (attn + mlp + 2 * norm) + norm + embed + positions
+            + (0 if arch.tie_word_embeddings else embed))
 
 
 def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype_bytes: int) -> int:

@@ -37,20 +37,25 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def matmul_params(arch: ModelArch) -> int:
-    """Parameters multiplied per token: every layer's linears and norms, the final norm and lm_head."""
+    """Parameters multiplied per token: every layer's linears and norms, the final norm and lm_head.
+    The MLP has three matrices when gated (Llama), two when plain (GPT-2, Bloom); LayerNorms carry
+    a bias; qk-norm adds two head_dim weights per layer."""
     h, d, i = arch.hidden_size, arch.head_dim, arch.intermediate_size
     q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
     attn = h * q + 2 * h * kv + q * h
-    attn += (q + 2 * kv) * arch.attention_bias + h * arch.o_proj_bias
-    mlp = 3 * h * i + (2 * i + h) * arch.mlp_bias
-    layer = attn + mlp + 2 * h
-    return arch.num_hidden_layers * layer + h + arch.vocab_size * h
+    attn += (q + 2 * kv) * arch.attention_bias + h * arch.o_proj_bias + 2 * d * arch.qk_norm
+    mats = 3 if arch.mlp == "gated" else 2
+    mlp = mats * h * i + ((mats - 1) * i + h) * arch.mlp_bias
+    norm = h * (2 if arch.norm_bias else 1)
+    layer = attn + mlp + 2 * norm
+    return arch.num_hidden_layers * layer + norm + arch.vocab_size * h
 
 
 def total_params(arch: ModelArch) -> int:
-    """All parameters (the embedding counted once when lm_head shares it)."""
+    """All parameters (the embedding counted once when lm_head shares it; GPT-2's position table)."""
     embed = arch.vocab_size * arch.hidden_size
-    return matmul_params(arch) + (0 if arch.tie_word_embeddings else embed)
+    positions = arch.max_position_embeddings * arch.hidden_size if arch.position_encoding == "learned" else 0
+    return matmul_params(arch) + (0 if arch.tie_word_embeddings else embed) + positions
 
 
 def kv_bytes_per_token(arch: ModelArch, dtype: str) -> int:
