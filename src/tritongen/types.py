@@ -159,6 +159,18 @@ class TokenLogprob:
 
 
 @dataclass
+class RequestTimes:
+    """Wall-clock times (time.time(), seconds) of one request inside the engine; None = not yet."""
+
+    arrival_time: float
+    """When the engine received it (add_request)."""
+    first_scheduled_time: Optional[float] = None
+    """The first step that scheduled it: arrival to here is its queue time."""
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+
+
+@dataclass
 class RequestOutput:
     """State of one request after an engine step: cumulative fields plus the delta of this step."""
 
@@ -182,8 +194,8 @@ class RequestOutput:
     cumulative_logprob: Optional[float] = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache."""
-    first_scheduled_time: Optional[float] = None
-    """Wall-clock time (time.time()) of the first engine step that scheduled the request."""
+    times: Optional["RequestTimes"] = None
+    """Wall-clock times of the request in the engine (arrival, first scheduled, first/last token)."""
     error: Optional[str] = None
     """Set when the request ended because of an internal error (finish_reason is then "error"):
     fronts answer INTERNAL / 500 with it."""

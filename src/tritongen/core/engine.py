@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Protocol, Union
 
 from tritongen.config import SchedulerConfig
@@ -215,8 +215,8 @@ class EngineCore:
         now = time.time()
         for scheduled in sched.seqs:
             seq = self.scheduler.requests.get(scheduled.request_id)
-            if seq is not None and seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
+            if seq is not None and seq.times.first_scheduled_time is None:
+                seq.times.first_scheduled_time = now
         self.num_steps += 1
         self.num_steps_ahead += sched.input_from_previous
         self.num_prefill_steps += any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
@@ -275,6 +275,10 @@ class EngineCore:
             detok.flush()
             del self.detokenizers[seq.request_id]
         prev_tokens, seq.num_reported_tokens = seq.num_reported_tokens, seq.num_output_tokens
+        if seq.num_output_tokens > prev_tokens:
+            now = time.time()
+            seq.times.first_token_time = seq.times.first_token_time or now
+            seq.times.last_token_time = now
         delta_text = detok.take_delta(finished)
         return RequestOutput(
             request_id=seq.request_id,
@@ -290,7 +294,7 @@ class EngineCore:
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             prompt_logprobs=list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens,
-            first_scheduled_time=seq.first_scheduled_time,
+            times=replace(seq.times),
         )
 
     def shutdown(self) -> None:

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import Optional
 
-from tritongen.types import FinishReason, SamplingParams, TokenLogprob
+from tritongen.types import FinishReason, RequestTimes, SamplingParams, TokenLogprob
 
 
 class SeqStatus(enum.Enum):
@@ -40,8 +41,8 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_cached_tokens = 0
         """Prompt tokens found in the prefix cache when first scheduled."""
-        self.first_scheduled_time: Optional[float] = None
-        """Wall-clock time (time.time()) of the first step that scheduled this request."""
+        self.times = RequestTimes(arrival_time=time.time())
+        """Wall-clock times (time.time()) of this request's arrival, first scheduling and tokens."""
         self.num_registered_blocks = 0
         """Full blocks of block_table already published to the prefix cache."""
         self.block_hashes: list[int] = []

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from tritongen.core.engine import EngineLimits, Prompt, tokenize, validate
 from tritongen.parallel.executor import end_process, spawn_module
-from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+from tritongen.types import RequestOutput, RequestTimes, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,13 @@ class Delta:
     num_cached_tokens: int
     error: Optional[str]
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
-    first_scheduled_time: Optional[float] = None
+    times: Optional[RequestTimes] = None
 
 
 def to_delta(out: RequestOutput, first: bool) -> Delta:
     return Delta(out.request_id, out.delta_token_ids, out.delta_text, out.finish_reason, out.delta_logprobs,
                  out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None,
-                 out.first_scheduled_time)
+                 out.times)
 
 
 @dataclass
@@ -84,7 +84,7 @@ class OutputAccumulator:
                              finish_reason=d.finish_reason, prompt=self.prompt, logprobs=self.logprobs,
                              delta_logprobs=d.logprobs, prompt_logprobs=self.prompt_logprobs,
                              cumulative_logprob=d.cumulative_logprob, num_cached_tokens=d.num_cached_tokens,
-                             error=d.error, first_scheduled_time=d.first_scheduled_time)
+                             error=d.error, times=d.times)
 
 
 class RemoteEngine:
