@@ -346,34 +346,44 @@ def test_metrics_beside_triton_metrics(triton):
 
 
 def test_ensemble_trtllm_client(triton, reference_llm):
+    """The ensemble is not decoupled: unary infer and /generate; streaming goes to tensorrt_llm_bls."""
+    import tritonclient.grpc as grpcclient
+
+    from triton_helpers import grpc_inputs
+
     ref = greedy(reference_llm, PROMPT, 10)
     out = generate(triton.http, "ensemble", {"text_input": PROMPT, "max_tokens": 10, "bad_words": "",
                                              "stop_words": "", "temperature": 0.0})
     assert out["text_output"] == ref.text
     inputs = {"text_input": text(PROMPT, batch=True), "max_tokens": np.array([[10]], np.int32),
-              "temperature": np.array([[0.0]], np.float32), "stream": np.array([[True]])}
-    results, finals = grpc_stream(triton.grpc, "ensemble", inputs)
-    assert finals == 1 and "".join(texts(results)) == ref.text
+              "temperature": np.array([[0.0]], np.float32)}
+    result = grpcclient.InferenceServerClient(triton.grpc).infer("ensemble", grpc_inputs(inputs))
+    assert result.as_numpy("text_output").tolist() == [[ref.text.encode()]]
+    results, finals = grpc_stream(triton.grpc, "tensorrt_llm_bls", {**inputs, "stream": np.array([[True]])})
+    assert finals == 1 and len(results) > 1 and "".join(texts(results)) == ref.text
 
 
-def test_ensemble_streams_unicode(triton, reference_llm):
+def test_ensemble_and_trtllm_bls_unicode(triton, reference_llm):
     prompt = "日本語のテキスト 🍣🍜"
     ref = greedy(reference_llm, prompt, 20)
-    events = generate_stream(triton.http, "ensemble", {"text_input": prompt, "max_tokens": 20, "temperature": 0.0,
-                                                       "stream": True})
+    body = {"text_input": prompt, "max_tokens": 20, "temperature": 0.0}
+    assert generate(triton.http, "ensemble", body)["text_output"] == ref.text
+    events = generate_stream(triton.http, "tensorrt_llm_bls", {**body, "stream": True})
     assert "".join(e["text_output"] for e in events) == ref.text
 
 
-def test_fastertransformer_token_client(triton, reference_llm):
+def test_token_model_streams_and_answers_once(triton, reference_llm):
+    """llm_tokens (tensorrt_llm's tensors, decoupled): `streaming` chooses; output_ids [1, 1, L]."""
     ids = reference_llm.tokenizer.encode(PROMPT)
     ref = greedy(reference_llm, ids, 6)
-    results, _ = grpc_stream(triton.grpc, "llm_tokens", {
-        "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
-        "request_output_len": np.array([[6]], np.int32), "temperature": np.array([[0.0]], np.float32),
-        "ignore_eos": np.array([[True]])})
-    (result,) = results
-    assert result.as_numpy("output_ids").tolist() == [ref.token_ids]
+    inputs = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+              "request_output_len": np.array([[6]], np.int32), "ignore_eos": np.array([[True]])}
+    (result,), _ = grpc_stream(triton.grpc, "llm_tokens", inputs)
+    assert result.as_numpy("output_ids").tolist() == [[ref.token_ids]]
     assert result.as_numpy("sequence_length").tolist() == [[6]]
+    results, finals = grpc_stream(triton.grpc, "llm_tokens", {**inputs, "streaming": np.array([[True]])})
+    assert finals == 1 and len(results) > 1
+    assert sum((r.as_numpy("output_ids")[0, 0].tolist() for r in results), []) == ref.token_ids
 
 
 def test_http_infer_on_bls_bad_input_is_400(triton):

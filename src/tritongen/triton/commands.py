@@ -26,12 +26,18 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("repo", help="write a Triton model repository for a model")
     p.add_argument("--out", required=True, help="repository directory (created; our model folders are replaced)")
     p.add_argument("--layout", choices=["default", "ensemble"], default="default",
-                   help="default: llm + llm_bls; ensemble: also preprocessing -> llm -> postprocessing")
+                   help="default: llm, llm_bls, fastertransformer; ensemble: also TensorRT-LLM's ensemble, "
+                        "tensorrt_llm, <name>_tokens and tensorrt_llm_bls")
     p.add_argument("--name", default="llm", help="name of the decoupled engine model (the BLS front is <name>_bls)")
     p.add_argument("--version", type=int, default=1, help="version folder to write")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests the engine model lets wait beyond max_num_seqs; more get UNAVAILABLE at once "
                         "(model parameter max_queue; 0 = unbounded)")
+    p.add_argument("--version-policy", default=None, metavar="POLICY",
+                   help="version_policy of every model: latest:N, all, or specific:V[,V...] "
+                        "(default: Triton's, the latest version)")
+    p.add_argument("--stream-interval", type=int, default=None, metavar="N",
+                   help="tokens per streamed response of the engine model (parameter stream_interval; default 1)")
     add_engine_args(p)
     p.set_defaults(func=cmd_repo)
 
@@ -40,8 +46,13 @@ def cmd_repo(args: argparse.Namespace) -> int:
     from tritongen.cli import engine_kwargs
     from tritongen.triton.repo import write_repository
 
-    root = write_repository(args.out, engine_kwargs(args), layout=args.layout, name=args.name, version=args.version,
-                            max_queue=args.max_queue)
+    try:
+        root = write_repository(args.out, engine_kwargs(args), layout=args.layout, name=args.name,
+                                version=args.version, max_queue=args.max_queue, stream_interval=args.stream_interval,
+                                policy=args.version_policy)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     models = sorted(p.name for p in root.iterdir() if (p / "config.pbtxt").is_file())
     print(f"wrote {root}: {', '.join(models)}")
     return 0
@@ -71,6 +82,13 @@ def check_model(model: Optional[str]) -> None:
                          f"or dummy:<preset> with one of: {', '.join(PRESETS)})")
     if not (path / "config.json").is_file():
         raise ServeError(f"--model {model!r}: the directory has no config.json (not an HF model directory)")
+
+
+def check_model_control(mode: str, load: Optional[list[str]]) -> None:
+    """--load-model only means something with explicit model control (tritonserver refuses it otherwise)."""
+    if load and mode != "explicit":
+        raise ServeError(f"--load-model needs --model-control-mode explicit (got {mode}: "
+                         f"{'every model loads at start' if mode == 'none' else 'the repository decides'})")
 
 
 def check_ports(host: str, ports: dict[str, int]) -> None:
@@ -203,6 +221,7 @@ def serve_triton(args) -> int:
     host = getattr(args, "host", "127.0.0.1")
     try:
         check_model(args.model)
+        check_model_control(getattr(args, "model_control_mode", "explicit"), getattr(args, "load_model", None))
         check_ports(host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
                            "--metrics-port": args.metrics_port})
         return _serve_checked(args, host)
@@ -223,14 +242,21 @@ def _serve_checked(args, host: str) -> int:
     if repo_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="tritongen-repo-")
         repo_dir = tmp.name
-    write_repository(repo_dir, options, layout=args.layout, name=args.name,
-                     max_queue=getattr(args, "max_queue", DEFAULT_MAX_QUEUE))
+    try:
+        write_repository(repo_dir, options, layout=args.layout, name=args.name,
+                         max_queue=getattr(args, "max_queue", DEFAULT_MAX_QUEUE),
+                         stream_interval=getattr(args, "stream_interval", None),
+                         policy=getattr(args, "version_policy", None))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    mode = getattr(args, "model_control_mode", "explicit")
+    load = (getattr(args, "load_model", None) or ["*"]) if mode == "explicit" else []
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def make_server() -> TritonServer:
         return TritonServer(Path(repo_dir), http_port=args.http_port, grpc_port=args.grpc_port,
-                            metrics_port=args.metrics_port, host=host, model_control="explicit", load_models=["*"])
+                            metrics_port=args.metrics_port, host=host, model_control=mode, load_models=load)
 
     try:
         supervisor = Supervisor(make_server, args.name, stop)
@@ -245,14 +271,17 @@ def _serve_checked(args, host: str) -> int:
 def _print_endpoints(server: TritonServer, args, repo_dir: str) -> None:
     name = args.name
     lines = [
-        f"tritongen: Triton is ready (model repository {repo_dir})",
+        f"tritongen: Triton is ready (model repository {repo_dir}, model control "
+        f"{getattr(args, 'model_control_mode', 'explicit')})",
         f"  HTTP     http://{server.http_url}  e.g. POST /v2/models/{name}/generate_stream, "
         f"/v2/models/{name}_bls/generate, /v2/models/{name}_bls/infer",
-        f"  gRPC     {server.grpc_url}  (stream to '{name}', unary to '{name}_bls')",
+        f"  gRPC     {server.grpc_url}  (stream to '{name}', unary to '{name}_bls'; "
+        "FasterTransformer clients: 'fastertransformer')",
         f"  metrics  {server.metrics_url}",
     ]
     if args.layout == "ensemble":
-        lines.append("  ensemble model 'ensemble' (TensorRT-LLM names)")
+        lines.append(f"  TensorRT-LLM models: 'ensemble', 'tensorrt_llm' (unary), '{name}_tokens' and "
+                     "'tensorrt_llm_bls' (streaming)")
     if "--allow-gpu-metrics=false" in server.command_line:
         lines.append(f"  ({CPU_NOTE})")
     print("\n".join(lines), flush=True)

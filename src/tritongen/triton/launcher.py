@@ -219,7 +219,9 @@ class TritonServer:
     metrics_port: int = 8002
     host: str = "127.0.0.1"
     model_control: str = "none"
-    """none | explicit (load/unload through the repository API)."""
+    """none (every model at start, fixed) | explicit (load/unload through the repository API) |
+    poll (the repository is rescanned every repository_poll_s and changes are loaded)."""
+    repository_poll_s: int = 15
     load_models: Sequence[str] = ()
     """With explicit model control: models loaded at start ("*" for all)."""
     log_file: Optional[Path] = None
@@ -253,6 +255,8 @@ class TritonServer:
                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
                f"--exit-timeout-secs={self.exit_timeout_s}", f"--model-control-mode={self.model_control}"]
+        if self.model_control == "poll":
+            cmd.append(f"--repository-poll-secs={self.repository_poll_s}")
         if backend_dir is not None:
             cmd.append(f"--backend-directory={backend_dir}")
         # python_backend runs each BLS request on a thread of a pool of 32 by default, held for the

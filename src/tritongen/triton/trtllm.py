@@ -97,8 +97,9 @@ class PerfMetrics:
 
     def update(self, out, now_ns: int, block_size: int) -> None:
         """After an engine output `out` (a RequestOutput) seen at `now_ns`."""
-        if out.first_scheduled_time is not None and not self.first_scheduled_time_ns:
-            self.first_scheduled_time_ns = int(out.first_scheduled_time * 1e9)
+        scheduled = out.times.first_scheduled_time if out.times is not None else None
+        if scheduled is not None and not self.first_scheduled_time_ns:
+            self.first_scheduled_time_ns = int(scheduled * 1e9)
         if out.delta_token_ids:
             self.first_token_time_ns = self.first_token_time_ns or now_ns
             self.last_token_time_ns = now_ns
