@@ -46,6 +46,9 @@ class _SamplingFields(_Request):
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
+    return_perf_metrics: bool = False
+    """tritongen's opt-in: `usage.perf_metrics` with this request's timings (streaming: in the usage
+    chunk of stream_options.include_usage)."""
 
 
 Prompt = Union[str, list[int], list[Union[str, list[int]]]]
@@ -84,10 +87,37 @@ class ChatCompletionRequest(_SamplingFields):
 
 # -- responses --------------------------------------------------------------------------------
 
+class PerfMetrics(BaseModel):
+    """One prompt's timings in the engine: wall-clock seconds (time.time() of the server's host),
+    and the durations a client computes from them."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
+    queue_time: Optional[float] = None
+    """first_scheduled_time - arrival_time"""
+    time_to_first_token: Optional[float] = None
+    """first_token_time - arrival_time"""
+    time_per_output_token: Optional[float] = None
+    """(last_token_time - first_token_time) / (completion tokens - 1)"""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache."""
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    perf_metrics: Optional[Union[PerfMetrics, list[PerfMetrics]]] = None
+    """With return_perf_metrics: one object, or one per prompt for several completion prompts."""
+
+    @model_serializer(mode="wrap")
+    def _drop_unasked(self, handler):
+        data = handler(self)
+        if data.get("perf_metrics") is None:
+            data.pop("perf_metrics", None)
+        return data
 
 
 class CompletionLogprobs(BaseModel):

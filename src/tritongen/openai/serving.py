@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 from tritongen.openai.protocol import (
     ChatCompletionRequest, ChatLogprobs, ChatTokenLogprob, CompletionChoice, CompletionLogprobs,
-    CompletionRequest, TopLogprob, Usage, _SamplingFields,
+    CompletionRequest, PerfMetrics, TopLogprob, Usage, _SamplingFields,
 )
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
 
@@ -158,6 +158,8 @@ class CompletionJob:
     logprobs: Optional[int] = None
     hide_output: bool = False
     """echo with max_tokens=0: one token is generated (the engine needs one) and not reported."""
+    perf_metrics: bool = False
+    """The request asked for usage.perf_metrics (return_perf_metrics)."""
 
 
 def completion_jobs(req: CompletionRequest, tokenize, max_model_len: int) -> list[CompletionJob]:
@@ -178,7 +180,7 @@ def completion_jobs(req: CompletionRequest, tokenize, max_model_len: int) -> lis
             raise RequestError(str(exc), "prompt") from None
         check_length(len(ids), params.max_tokens, max_model_len)
         jobs.append(CompletionJob(i, ids, prompt if isinstance(prompt, str) else None, params,
-                                  req.echo, req.logprobs, hide))
+                                  req.echo, req.logprobs, hide, req.return_perf_metrics))
     return jobs
 
 
@@ -235,10 +237,25 @@ def _lp(x: float) -> float:
     return x if math.isfinite(x) else MIN_LOGPROB
 
 
-def usage(out: RequestOutput, hide_output: bool = False) -> Usage:
+def usage(out: RequestOutput, hide_output: bool = False, perf: bool = False) -> Usage:
     completion = 0 if hide_output else out.num_output_tokens
     return Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=completion,
-                 total_tokens=out.num_prompt_tokens + completion)
+                 total_tokens=out.num_prompt_tokens + completion, perf_metrics=perf_metrics(out) if perf else None)
+
+
+def perf_metrics(out: RequestOutput) -> Optional[PerfMetrics]:
+    """The request's engine times (RequestOutput.times) and the durations derived from them."""
+    t = out.times
+    if t is None:
+        return None
+    since = lambda end: None if end is None else end - t.arrival_time  # noqa: E731
+    tpot = None
+    if t.first_token_time is not None and t.last_token_time is not None and out.num_output_tokens > 1:
+        tpot = (t.last_token_time - t.first_token_time) / (out.num_output_tokens - 1)
+    return PerfMetrics(arrival_time=t.arrival_time, first_scheduled_time=t.first_scheduled_time,
+                       first_token_time=t.first_token_time, last_token_time=t.last_token_time,
+                       queue_time=since(t.first_scheduled_time), time_to_first_token=since(t.first_token_time),
+                       time_per_output_token=tpot, num_cached_tokens=out.num_cached_tokens)
 
 
 def completion_logprobs(text_of: TokenText, entries: list[Optional[TokenLogprob]], token_ids: list[int],
