@@ -280,10 +280,12 @@ class OpenAIServer:
         if outs is None:
             return Response(status_code=499)
         choices = [serving.CompletionStream(j, self.text_of).full(o) for j, o in zip(jobs, outs)]
-        usages = [serving.usage(o, j.hide_output) for j, o in zip(jobs, outs)]
+        usages = [serving.usage(o, j.hide_output, j.perf_metrics) for j, o in zip(jobs, outs)]
+        perf = [u.perf_metrics for u in usages] if req.return_perf_metrics else None
         total = Usage(prompt_tokens=sum(u.prompt_tokens for u in usages),
                       completion_tokens=sum(u.completion_tokens for u in usages),
-                      total_tokens=sum(u.total_tokens for u in usages))
+                      total_tokens=sum(u.total_tokens for u in usages),
+                      perf_metrics=perf[0] if perf and len(perf) == 1 else perf)
         return _json(CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=total))
 
     async def _stream_completion(self, job: serving.CompletionJob, rid: str, include_usage: bool):
@@ -299,7 +301,7 @@ class OpenAIServer:
             yield _sse(_stream_error(exc))
         if include_usage and last is not None:
             yield _sse(CompletionResponse(id=rid, created=created, model=self.model_name, choices=[],
-                                          usage=serving.usage(last, job.hide_output)))
+                                          usage=serving.usage(last, job.hide_output, job.perf_metrics)))
         yield "data: [DONE]\n\n"
 
     async def chat(self, request: Request) -> Response:
@@ -322,7 +324,7 @@ class OpenAIServer:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(self._stream_chat(ids, params, rid, include_usage))
+            return SSEResponse(self._stream_chat(ids, params, rid, include_usage, req.return_perf_metrics))
         outs = await self.finals(request, [(ids, params, rid)])
         if outs is None:
             return Response(status_code=499)
@@ -331,9 +333,10 @@ class OpenAIServer:
         choice = ChatChoice(index=0, message=AssistantMessage(content=out.text), logprobs=logprobs,
                             finish_reason=out.finish_reason)
         return _json(ChatCompletionResponse(id=rid, model=self.model_name, choices=[choice],
-                                            usage=serving.usage(out)))
+                                            usage=serving.usage(out, perf=req.return_perf_metrics)))
 
-    async def _stream_chat(self, ids: list[int], params: SamplingParams, rid: str, include_usage: bool):
+    async def _stream_chat(self, ids: list[int], params: SamplingParams, rid: str, include_usage: bool,
+                           perf: bool = False):
         created = int(time.time())
 
         def chunk(delta: DeltaMessage, finish=None, logprobs=None) -> str:
@@ -352,7 +355,7 @@ class OpenAIServer:
             yield _sse(_stream_error(exc))
         if include_usage and last is not None:
             yield _sse(ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[],
-                                           usage=serving.usage(last)))
+                                           usage=serving.usage(last, perf=perf)))
         yield "data: [DONE]\n\n"
 
     # -- the rest -----------------------------------------------------------------------------
