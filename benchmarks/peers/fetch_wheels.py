@@ -1,0 +1,121 @@
+"""Download a peer engine (vLLM, LMDeploy) and the requirements the GPU machine's image lacks, as
+wheels for Python 3.12 / manylinux x86-64, then split them into parts that fit one device call.
+
+The GPU machine has no network and takes at most 64 MiB of carried files per call; its image
+already holds torch 2.11 (CUDA 13) and ~200 packages (gpu_image_packages.txt, from the device
+tool's KINDS.md). This walks the peer's Requires-Dist (markers evaluated for that machine, extras
+followed when named), skips what the image has, downloads each wheel with `pip download
+--no-deps`, and writes <out>/parts/part-NN (<= --part-mib each) plus manifest.json. On the device,
+benchmarks/peers/device_install.sh reassembles the parts carried over several calls and installs.
+
+    python benchmarks/peers/fetch_wheels.py vllm==0.25.1 --out /work/peer-vllm
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+HERE = Path(__file__).resolve().parent
+PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64"] + [f"manylinux_2_{n}_x86_64" for n in range(24, 40)]
+TARGET_ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
+              "platform_machine": "x86_64", "platform_system": "Linux", "sys_platform": "linux",
+              "implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix"}
+
+
+def image_packages() -> set[str]:
+    return {canonicalize_name(line.strip()) for line in (HERE / "gpu_image_packages.txt").read_text().splitlines()
+            if line.strip()}
+
+
+def download(spec: str, dest: Path) -> Path:
+    before = set(dest.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+           "3.12", "--implementation", "cp", "-d", str(dest)]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    subprocess.run(cmd + ["--platform", "any", spec], check=True)
+    new = set(dest.glob("*.whl")) - before
+    name = canonicalize_name(Requirement(spec).name)
+    for whl in new or dest.glob("*.whl"):
+        if canonicalize_name(whl.name.split("-")[0]) == name:
+            return whl
+    raise RuntimeError(f"pip download {spec} left no wheel of {name} in {dest}")
+
+
+def requirements(whl: Path, extras: set[str]) -> list[Requirement]:
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is None or any(req.marker.evaluate({**TARGET_ENV, "extra": e}) for e in extras | {""}):
+            out.append(req)
+    return out
+
+
+def resolve(root: str, dest: Path, skip: set[str], skipped: dict[str, set[str]]) -> list[dict]:
+    """Download `root` and its requirements' closure minus `skip`; `skipped` collects the version
+    specifiers asked of each skipped (image) package, to check against the image's versions."""
+    seen: dict[str, dict] = {}
+    queue = [(Requirement(root), set(Requirement(root).extras))]
+    while queue:
+        req, extras = queue.pop(0)
+        name = canonicalize_name(req.name)
+        if name in skip:
+            skipped.setdefault(name, set()).add(str(req.specifier))
+            continue
+        if name in seen:
+            continue
+        whl = download(str(req).split(";")[0].strip(), dest)
+        seen[name] = {"name": name, "wheel": whl.name, "bytes": whl.stat().st_size}
+        print(f"{whl.name} ({whl.stat().st_size / 2**20:.1f} MiB)", flush=True)
+        for sub in requirements(whl, extras):
+            queue.append((sub, set(sub.extras)))
+    return list(seen.values())
+
+
+def split(dest: Path, wheels: list[dict], part_mib: int) -> list[str]:
+    """Concatenate the wheels into one tar stream and cut it into parts of at most part_mib MiB."""
+    parts_dir = dest / "parts"
+    parts_dir.mkdir(exist_ok=True)
+    tar = dest / "wheels.tar"
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(dest)] + [w["wheel"] for w in wheels], check=True)
+    subprocess.run(["split", "-b", f"{part_mib}M", "-d", "-a", "2", str(tar), str(parts_dir / "part-")], check=True)
+    tar.unlink()
+    return sorted(p.name for p in parts_dir.iterdir())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", help="the peer, e.g. vllm==0.25.1")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--part-mib", type=int, default=58, help="size of one part (the call also carries the repo)")
+    ap.add_argument("--skip", nargs="*", default=[], help="more package names not to download")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = image_packages() | {canonicalize_name(s) for s in args.skip}
+    skipped: dict[str, set[str]] = {}
+    wheels = resolve(args.spec, args.out, skip, skipped)
+    parts = split(args.out, wheels, args.part_mib)
+    total = sum(w["bytes"] for w in wheels)
+    asked = {name: sorted(s for s in specs if s) for name, specs in sorted(skipped.items())}
+    manifest = {"spec": args.spec, "wheels": wheels, "parts": parts, "total_bytes": total,
+                "taken_from_the_image": asked}
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    print(f"{len(wheels)} wheels, {total / 2**20:.0f} MiB, {len(parts)} parts of <= {args.part_mib} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
