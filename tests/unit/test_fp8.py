@@ -87,3 +87,27 @@ def test_fp8_linear_keeps_the_input_dtype():
     fp8 = Fp8Linear.from_linear(dense)
     assert fp8(torch.randn(4, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
     assert "scales=channel" in repr(fp8)
+
+
+@pytest.mark.parametrize("scales", LAYOUTS[:3], ids=lambda s: s.kind)
+def test_stacked_layers_compute_the_parts_side_by_side(scales):
+    from tritongen.ops.fp8 import stack_fp8
+
+    torch.manual_seed(2)
+    parts = [Fp8Linear.from_linear(torch.nn.Linear(64, n, bias=True), scales) for n in (32, 16, 16)]
+    stacked = stack_fp8(parts)
+    x = torch.randn(5, 64)
+    assert stacked.out_features == 64 and stacked.scales.kind == ("channel" if scales.kind == "tensor" else scales.kind)
+    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=-1))
+
+
+def test_stacking_refuses_mismatched_layouts_and_ragged_blocks():
+    from tritongen.ops.fp8 import stack_fp8
+
+    a = Fp8Linear.from_linear(torch.nn.Linear(32, 16), Fp8Scales("channel"))
+    b = Fp8Linear.from_linear(torch.nn.Linear(32, 16), Fp8Scales("tensor"))
+    with pytest.raises(ValueError, match="different scale layouts"):
+        stack_fp8([a, b])
+    c = Fp8Linear.from_linear(torch.nn.Linear(32, 24), Fp8Scales("block", (16, 16)))
+    with pytest.raises(ValueError, match="block scales of height 16"):
+        stack_fp8([c, c])

@@ -187,3 +187,30 @@ class Fp8Linear(nn.Module):
         block = f", block={self.scales.block}" if self.scales.block else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"scales={self.scales.kind}{block}, bias={self.bias is not None}")
+
+
+def stack_fp8(layers: list["Fp8Linear"]) -> "Fp8Linear":
+    """One Fp8Linear computing the layers' outputs side by side (q/k/v, gate/up stacked into one
+    GEMM). Per-tensor scales become per-channel ones (each layer's scale repeated over its rows);
+    block scales stack when every layer's row count is a multiple of the block height."""
+    first = layers[0]
+    kinds = {layer.scales for layer in layers}
+    if len(kinds) != 1:
+        raise ValueError(f"cannot stack fp8 layers with different scale layouts: {sorted(k.kind for k in kinds)}")
+    scales = first.scales
+    if scales.kind == "block" and any(layer.out_features % scales.block[0] for layer in layers):
+        raise ValueError(f"cannot stack fp8 layers of {[layer.out_features for layer in layers]} rows with "
+                         f"block scales of height {scales.block[0]}")
+    if scales.kind == "tensor":
+        scale = torch.cat([layer.weight_scale.reshape(1).expand(layer.out_features) for layer in layers])
+        scales = Fp8Scales("channel")
+    else:
+        scale = torch.cat([layer.weight_scale for layer in layers])
+    out = Fp8Linear(first.in_features, sum(layer.out_features for layer in layers), first.bias is not None, scales,
+                    dtype=first.bias.dtype if first.bias is not None else None, device=first.weight.device)
+    with torch.no_grad():
+        out.weight.copy_(torch.cat([layer.weight for layer in layers]))
+        out.weight_scale.copy_(scale)
+        if first.bias is not None:
+            out.bias.copy_(torch.cat([layer.bias for layer in layers]))
+    return out
