@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "GPT2LMHeadModel", "BloomForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+                           "GPT2LMHeadModel", "BloomForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                           "BaichuanForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
 
 # HF model_type of each architecture, for configs that lack "architectures" and for to_hf_config.
 _MODEL_TYPES = {
@@ -26,6 +27,10 @@ _MODEL_TYPES = {
     "BloomForCausalLM": "bloom",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "BaichuanForCausalLM": "baichuan",  # remote code only: no transformers class
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 """Decoders of the Llama layout (RMSNorm, RoPE, gated SiLU MLP): one model class, one TP sharding."""
@@ -91,6 +96,9 @@ class ModelArch:
     """"rms" (RMSNorm) or "layer" (LayerNorm)."""
     norm_bias: bool = False
     """The norms carry a bias (LayerNorm families)."""
+    norm_weight_offset: float = 0.0
+    """RMSNorm scales by (offset + weight), in float32 before the cast back (Gemma: 1, its weights
+    are stored around 0); 0 = Llama's weight * norm(x).to(dtype)."""
     mlp: str = "gated"
     """"gated": down(act(gate(x)) * up(x)) (Llama); "plain": c_proj(act(c_fc(x))) (GPT-2)."""
     hidden_act: str = "silu"
@@ -99,9 +107,10 @@ class ModelArch:
     qk_norm: bool = False
     """RMSNorm over head_dim on each query and key head before rotary (Qwen3)."""
     final_logit_softcapping: Optional[float] = None
-    """logits = cap * tanh(logits / cap) when set (Gemma 2); no family here sets it yet."""
+    """logits = cap * tanh(logits / cap) when set (Gemma 2)."""
     embedding_multiplier: Optional[float] = None
-    """The input embedding is multiplied by this when set (Gemma: sqrt(hidden)); none here yet."""
+    """The input embedding is multiplied by this when set, rounded to the model dtype first as HF
+    does (Gemma: sqrt(hidden_size))."""
     num_experts: int = 0
     """Routed experts of each MoE layer (num_local_experts / num_experts); 0 = a dense model."""
     num_experts_per_tok: int = 0
@@ -114,12 +123,27 @@ class ModelArch:
     """Layer i is MoE when (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers."""
     mlp_only_layers: tuple[int, ...] = ()
     """Layers with a dense MLP of intermediate_size despite the step (Qwen3-MoE)."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer "sliding_attention" or "full_attention" (Gemma 2/3's layer_types): when set, it
+    says which layers use sliding_window (max_window_layers is then unused)."""
+    attn_logit_softcapping: Optional[float] = None
+    """Attention scores s (after the scale) become cap * tanh(s / cap) when set (Gemma 2)."""
+    query_pre_attn_scalar: Optional[float] = None
+    """The attention scale is query_pre_attn_scalar ** -0.5 when set (Gemma), else head_dim ** -0.5."""
+    rope_local_theta: Optional[float] = None
+    """RoPE base of the sliding-window layers when set (Gemma 3's rope_local_base_freq; plain RoPE
+    there); rope_theta and rope_scaling are then the full-attention layers'."""
+    sandwich_norm: bool = False
+    """Each sublayer's output is normed before its residual add, and the MLP input by its own norm
+    (Gemma 2/3: post_attention_layernorm, pre_ and post_feedforward_layernorm)."""
+    normalized_lm_head: bool = False
+    """lm_head's rows are L2-normalized when loaded (Baichuan2's NormHead)."""
 
     @classmethod
     def from_hf_config(cls, d: dict) -> "ModelArch":
         """Parse an HF config.json dict; ValueError names what is unsupported or missing."""
         architecture = _architecture_of(d)
-        parse, _ = _FAMILIES[architecture]
+        parse, _ = _family(architecture)
         return parse(architecture, d)
 
     def is_moe_layer(self, layer_idx: int) -> bool:
@@ -127,13 +151,19 @@ class ModelArch:
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     def layer_sliding_window(self, layer_idx: int) -> Optional[int]:
-        if self.sliding_window is None or layer_idx < self.max_window_layers:
+        if self.sliding_window is None:
             return None
-        return self.sliding_window
+        if self.layer_types:
+            return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
+        return None if layer_idx < self.max_window_layers else self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     def to_hf_config(self) -> dict:
         """A config.json dict (transformers 5.x layout) that loads into the matching HF class."""
-        _, write = _FAMILIES[self.architecture]
+        _, write = _family(self.architecture)
         d = write(self)
         d.update({"architectures": [self.architecture], "model_type": _MODEL_TYPES[self.architecture],
                   "vocab_size": self.vocab_size, "tie_word_embeddings": self.tie_word_embeddings,
@@ -321,7 +351,18 @@ _FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch
     **{name: (_parse_moe, _write_moe) for name in MOE_FAMILY},
 }
 """architecture -> (config.json parser, config.json writer)."""
-assert set(_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
+DENSE_FAMILIES = ("BaichuanForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
+"""Families whose parser and writer live in models/arch_dense.py (imported on first use: it
+imports this module's helpers)."""
+assert set(_FAMILIES) | set(DENSE_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
+
+
+def _family(architecture: str) -> tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]:
+    if architecture in _FAMILIES:
+        return _FAMILIES[architecture]
+    from tritongen.models.arch_dense import FAMILIES
+
+    return FAMILIES[architecture]
 
 
 def _require(d: dict, key: str) -> Any:

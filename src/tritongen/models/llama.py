@@ -24,16 +24,28 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    """Llama's RMSNorm; with `offset` (Gemma: 1) HF's Gemma formula instead: the scale is
+    (offset + weight) and applies in float32, before the cast back. That variant has no fused
+    kernel: it runs as torch ops on every device."""
+
+    def __init__(self, hidden_size: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         return kernels.rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual add fused into the norm."""
+        if self.offset:
+            s = x + residual
+            return self(s), s
         return kernels.add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -64,8 +76,9 @@ class LlamaAttention(nn.Module):
         self.num_heads = arch.num_attention_heads
         self.num_kv_heads = arch.num_key_value_heads
         self.head_dim = arch.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = arch.attention_scale
         self.sliding_window = arch.layer_sliding_window(layer_idx)
+        self.logit_softcap = arch.attn_logit_softcapping
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = Linear(arch.hidden_size, q_size, bias=arch.attention_bias)
         self.k_proj = Linear(arch.hidden_size, kv_size, bias=arch.attention_bias)
@@ -76,8 +89,9 @@ class LlamaAttention(nn.Module):
         self.sizes = (q_size, kv_size, kv_size)
         # Qwen3: RMSNorm over head_dim of every q and k head (weights shared by the heads, so
         # tensor parallelism keeps them whole).
-        self.q_norm = RMSNorm(self.head_dim, arch.norm_eps) if arch.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, arch.norm_eps) if arch.qk_norm else None
+        norm = (lambda: RMSNorm(self.head_dim, arch.norm_eps, arch.norm_weight_offset)) if arch.qk_norm else None
+        self.q_norm = norm() if norm else None
+        self.k_norm = norm() if norm else None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is None:
@@ -93,7 +107,8 @@ class LlamaAttention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = rotary_attention(q, k, v, cos, sin, kv_cache, attn, self.scale, self.sliding_window)
+        out = rotary_attention(q, k, v, cos, sin, kv_cache, attn, self.scale, self.sliding_window,
+                               self.logit_softcap)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 
@@ -106,8 +121,14 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(i, h, bias=bias)
         self.gate_up_proj: nn.Linear | None = None
         """gate and up stacked into one GEMM by fuse_projections() (GPU); None = separate."""
+        self.act = arch.hidden_act
+        """silu (fused kernels), or a GELU (GeGLU: Gemma), applied as reference.activation."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act not in ("silu", "swish"):
+            gate, up = ((self.gate_proj(x), self.up_proj(x)) if self.gate_up_proj is None
+                        else self.gate_up_proj(x).chunk(2, dim=-1))
+            return self.down_proj(reference.activation(gate, self.act) * up)
         if self.gate_up_proj is None:
             return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
         # SiLU·mul in the GEMM's epilogue for decode batches where that was measured faster
@@ -142,12 +163,13 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(arch, i) for i in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.norm_eps)
-        self.rotary_emb = RotaryEmbedding(arch)
+        # None for ALiBi (Baichuan 13B): its attention modules add the bias, cos/sin are None.
+        self.rotary_emb = RotaryEmbedding(arch) if arch.position_encoding == "rope" else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions)
+        cos, sin = self.rotary_emb(positions) if self.rotary_emb is not None else (None, None)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv_cache, attn)
@@ -158,10 +180,13 @@ class LlamaForCausalLM(nn.Module):
     """The Llama family; implements models.interface.CausalLM. Parameter names and layouts are
     HF's, so checkpoint tensors load as they are."""
 
+    model_class: type[nn.Module] = LlamaModel
+    """The decoder stack (`model.`): families of this layout with other blocks override it."""
+
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         self.arch = arch
-        self.model = LlamaModel(arch)
+        self.model = self.model_class(arch)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.tie_weights()
 
@@ -172,7 +197,8 @@ class LlamaForCausalLM(nn.Module):
 
     def reset_buffers(self) -> None:
         """Recompute non-persistent buffers (after building on the meta device and to_empty)."""
-        self.model.rotary_emb.reset_buffers()
+        if self.model.rotary_emb is not None:
+            self.model.rotary_emb.reset_buffers()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:

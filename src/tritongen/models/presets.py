@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritongen.models.presets_dense import DENSE_PRESETS
+
 
 def _tiny(**overrides: Any) -> dict:
     base = {
@@ -308,4 +310,5 @@ PRESETS: dict[str, dict] = {
     "bloom-7b1": _BLOOM_7B1,
     "mixtral-8x7b": _MIXTRAL_8X7B,
     "qwen3-30b-a3b": _QWEN3_30B_A3B,
+    **DENSE_PRESETS,  # Baichuan, Gemma 2/3, Phi-3 (models/presets_dense.py)
 }
