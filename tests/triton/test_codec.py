@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fake_pb_utils as pb
-from tritongen.triton import codec
+from tritongen.triton import codec, errors
 from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
 
 
@@ -125,12 +125,12 @@ def test_logprobs_outputs():
 
 
 def test_error_response_and_codes():
-    resp = codec.error_response(pb, "input 'x' is bad")
+    resp = errors.error_response(pb, "input 'x' is bad")
     assert resp.error().code() == pb.TritonError.INVALID_ARG and "input 'x'" in resp.error().message()
     from tritongen.entrypoints.async_engine import EngineDeadError
-    assert codec.error_code_for(ValueError("prompt too long")) == "INVALID_ARG"
-    assert codec.error_code_for(EngineDeadError("down")) == "UNAVAILABLE"
-    assert codec.error_code_for(RuntimeError("boom")) == "INTERNAL"
+    assert errors.error_code_for(ValueError("prompt too long")) == "INVALID_ARG"
+    assert errors.error_code_for(EngineDeadError("down")) == "UNAVAILABLE"
+    assert errors.error_code_for(RuntimeError("boom")) == "INTERNAL"
 
 
 def test_abort_control_request():
@@ -142,3 +142,79 @@ def test_every_sampling_field_reachable_from_json():
     settable = set(codec._JSON_PARAMS)
     fields = set(SamplingParams.__dataclass_fields__)
     assert settable <= fields
+
+
+# -- TensorRT-LLM / FasterTransformer extras ----------------------------------------------------
+
+
+def test_word_lists_ids_and_offsets():
+    from tritongen.triton.trtllm import word_lists
+
+    assert word_lists(np.array([[5, 6, 7, 0], [2, 3, -1, -1]], np.int32), "stop_words_list") == [[5, 6], [7]]
+    assert word_lists(np.array([[[0], [-1]]], np.int32), "bad_words_list") == []
+    for bad in (np.array([[5, 6], [3, -1]], np.int32), np.array([[5, 6], [2, 1]], np.int32),
+                np.array([[5, 6, 7]], np.int32)):
+        with pytest.raises(codec.InvalidInput, match="stop_words_list"):
+            word_lists(bad, "stop_words_list")
+
+
+def test_tensorrt_llm_names():
+    req = parse(input_ids=np.array([5, 6, 7], np.int32), runtime_top_k=np.array([4], np.int32),
+                runtime_top_p=np.array([0.0], np.float32), temperature=np.array([0.5], np.float32),
+                streaming=np.array([True]), len_penalty=np.array([1.2], np.float32),
+                stop_words_list=np.array([[9, 10, 11], [1, 3, -1]], np.int32),
+                return_perf_metrics=np.array([True]))
+    p = req.params
+    assert (p.top_k, p.top_p, p.temperature, p.stop_token_ids) == (4, 1.0, 0.5, [9])
+    assert req.stream and req.stop_sequences == [[10, 11]] and req.outputs.perf_metrics
+
+
+def test_token_and_trtllm_requests_are_greedy_without_sampling_inputs():
+    assert parse(input_ids=np.array([5, 6], np.int32)).params.temperature == 0.0
+    assert parse(text_input=pb.text("x"), request_output_len=np.array([3], np.int32)).params.temperature == 0.0
+    assert parse(text_input=pb.text("x"), parameters={codec.LAYOUT_PARAMETER: "trtllm"}).params.temperature == 0.0
+    assert parse(text_input=pb.text("x")).params.temperature == SamplingParams().temperature  # vllm layout
+    assert parse(input_ids=np.array([5], np.int32), runtime_top_k=np.array([5], np.int32)).params.temperature == 1.0
+
+
+@pytest.mark.parametrize("name,value,needle", [
+    ("return_context_logits", np.array([True]), "context logits"),
+    ("return_generation_logits", np.array([True]), "generation logits"),
+    ("num_return_sequences", np.array([2], np.int32), "one sequence"),
+    ("lora_task_id", np.array([1], np.uint64), "LoRA"),
+    ("lora_weights", np.zeros((1, 4), np.float16), "LoRA"),
+    ("prompt_embedding_table", np.zeros((1, 4), np.float16), "prompt tuning"),
+    ("bad_words_list", np.array([[7], [1]], np.int32), "bad_words_list"),
+])
+def test_unsupported_inputs_refused_by_name(name, value, needle):
+    with pytest.raises(codec.InvalidInput, match=f"'{name}' is not supported.*{needle}|{needle}"):
+        parse(input_ids=np.array([5], np.int32), **{name: value})
+    parse(input_ids=np.array([5], np.int32), return_context_logits=np.array([False]),
+          num_return_sequences=np.array([1], np.int32))  # the values that ask for nothing are fine
+
+
+def test_echoed_ids_and_perf_outputs():
+    from tritongen.triton.trtllm import PerfMetrics
+    from tritongen.types import RequestTimes
+
+    req = parse(input_ids=np.array([1, 2, 3], np.int32), exclude_input_in_output=np.array([False]),
+                return_perf_metrics=np.array([True]))
+    perf = PerfMetrics(100)
+    o = out(num_cached_tokens=16, prompt_token_ids=list(range(20)), times=RequestTimes(0.0, 1e-7))
+    perf.update(o, 300, 16)
+    resp = codec.make_response(o, req, pb, perf=perf)
+    assert resp.get("output_ids").tolist() == [1, 2, 3, 5, 6] and resp.get("sequence_length").tolist() == [5]
+    assert resp.get("arrival_time_ns").tolist() == [100] and resp.get("first_scheduled_time_ns").tolist() == [100]
+    assert resp.get("first_token_time_ns").tolist() == [300]
+    assert (resp.get("kv_cache_reused_blocks")[0], resp.get("kv_cache_alloc_total_blocks")[0],
+            resp.get("kv_cache_alloc_new_blocks")[0]) == (1, 2, 1)
+
+
+def test_batch_rows_cast_and_padding():
+    from tritongen.triton import layouts
+
+    assert layouts.engine_row("input_ids", np.array([5, 6], np.uint32)).dtype == np.int32
+    assert layouts.engine_row("input_ids", np.array([2**31], np.uint32)) is None
+    stacked = layouts.stack_rows("output_ids", [np.array([1, 2, 3]), np.array([4])], np.uint32, pad_value=9)
+    assert stacked.shape == (2, 1, 3) and stacked.tolist() == [[[1, 2, 3]], [[4, 9, 9]]]
+    assert layouts.stack_rows("text_output", [np.array([b"a"], object)] * 2, np.object_).shape == (2, 1)

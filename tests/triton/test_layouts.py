@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_helpers import generate, generate_stream, grpc_inputs, grpc_stream, http_post, text
+from triton_helpers import generate, generate_stream, grpc_inputs, grpc_stream, http_post
 from tritongen import SamplingParams
 
 CLIENTS = Path(__file__).resolve().parents[2] / "clients" / "python"

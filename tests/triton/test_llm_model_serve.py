@@ -12,7 +12,7 @@ import pytest
 
 import fake_pb_utils as pb
 from tritongen.entrypoints.async_engine import EngineDeadError
-from tritongen.triton import codec, control, llm_model, values
+from tritongen.triton import control, llm_model, values
 from tritongen.types import RequestOutput
 
 

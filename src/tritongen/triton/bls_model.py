@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-from tritongen.triton import codec, control, layouts
+from tritongen.triton import codec, control, errors, layouts
 from tritongen.triton.codec import TensorSpec
 from tritongen.triton.loop import LoopThread
 
@@ -83,10 +83,10 @@ class TritonPythonModel:
             rows, stream, pad = self._inner_requests(request, request_id)
         except Exception as exc:
             if isinstance(exc, codec.InvalidInput):
-                response = codec.error_response(self.pb, str(exc))
+                response = errors.error_response(self.pb, str(exc))
             else:
                 logger.exception("reading a request failed")
-                response = codec.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL")
+                response = errors.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL")
             await loop.run_in_executor(self.pool, self._final, sender, response)
             return
         self._active[request_id] = (sender, asyncio.current_task())
@@ -100,17 +100,17 @@ class TritonPythonModel:
         except asyncio.CancelledError:
             if request_id in self._unavailable:  # nobody will answer the inner requests: don't wait
                 self._unavailable.discard(request_id)
-                response = codec.error_response(self.pb, f"model '{self.target}' stopped while serving this "
+                response = errors.error_response(self.pb, f"model '{self.target}' stopped while serving this "
                                                 "request (its process died); retry later", "UNAVAILABLE")
             else:
                 for row_id, _ in rows:
                     await loop.run_in_executor(self.pool, self._abort_inner, row_id)
                 await asyncio.gather(job, return_exceptions=True)  # the inner requests end CANCELLED
-                response = codec.error_response(self.pb, "request cancelled", "CANCELLED")
+                response = errors.error_response(self.pb, "request cancelled", "CANCELLED")
         except Exception as exc:
             logger.exception("forwarding to %s failed", self.target)
-            response = codec.error_response(self.pb, f"forwarding to {self.target} failed: {exc}",
-                                            codec.forward_error_code(str(exc)))
+            response = errors.error_response(self.pb, f"forwarding to {self.target} failed: {exc}",
+                                            errors.forward_error_code(str(exc)))
         finally:
             self._active.pop(request_id, None)  # before the FINAL: the watcher must not poll it after
         await loop.run_in_executor(self.pool, self._final, sender, response)  # a blocking round trip
@@ -129,7 +129,7 @@ class TritonPythonModel:
             stream = False
         if stream and len(rows) > 1:
             raise codec.InvalidInput(f"streaming takes one prompt per request; this one holds {len(rows)}")
-        parameters = {**_parameters(request), codec.TAG_ERRORS: True}
+        parameters = {**_parameters(request), errors.TAG_ERRORS: True}
         if self.layout == "trtllm":
             parameters[codec.LAYOUT_PARAMETER] = "trtllm"
         names = list(request.requested_output_names()) if self.layout == "vllm" else []
@@ -160,10 +160,10 @@ class TritonPythonModel:
 
     def _inner_error(self, response):
         raw = response.error().message()
-        code, message = codec.untag_error(raw)
+        code, message = errors.untag_error(raw)
         if message == raw:  # not from the engine model: Triton's own (model not ready, ...)
-            code = codec.forward_error_code(message)
-        return codec.error_response(self.pb, message, code)
+            code = errors.forward_error_code(message)
+        return errors.error_response(self.pb, message, code)
 
     def _run_row(self, inner):
         """Blocking: one row to its end; its last data outputs ({name: array}) or an error response."""
@@ -173,7 +173,7 @@ class TritonPythonModel:
                 return self._inner_error(response)
             if response.output_tensors():
                 last = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        return last if last is not None else codec.error_response(self.pb, f"{self.target} sent no response",
+        return last if last is not None else errors.error_response(self.pb, f"{self.target} sent no response",
                                                                   "INTERNAL")
 
     def _forward_stream(self, inner, sender):
@@ -217,7 +217,7 @@ class TritonPythonModel:
             pass
 
     def _final(self, sender, response) -> None:
-        codec.send_final(sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        errors.send_final(sender, response, self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     async def _watch(self) -> None:
         ticks_per_check = max(1, round(_ENGINE_CHECK_S / _WATCH_INTERVAL_S))

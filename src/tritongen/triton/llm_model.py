@@ -24,7 +24,7 @@ from typing import Optional
 
 from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
-from tritongen.triton import codec, control
+from tritongen.triton import codec, control, errors
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.repo import parameter_value
@@ -100,16 +100,16 @@ class TritonPythonModel:
         try:
             parsed = self._admit(request)
         except codec.InvalidInput as exc:
-            await self._final(sender, codec.error_response(self.pb, str(exc), tag=tag))
+            await self._final(sender, errors.error_response(self.pb, str(exc), tag=tag))
             return
         except _Rejected as exc:
             if exc.full:
                 self.metrics.increment("tritongen_request_rejected_total", 1)
-            await self._final(sender, codec.error_response(self.pb, str(exc), "UNAVAILABLE", tag))
+            await self._final(sender, errors.error_response(self.pb, str(exc), "UNAVAILABLE", tag))
             return
         except Exception as exc:  # a bug of ours: the request still ends, with the cause
             logger.exception("reading a request failed")
-            await self._final(sender, codec.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL", tag))
+            await self._final(sender, errors.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL", tag))
             return
         if isinstance(parsed, str):
             await self._abort_by_client_id(parsed)
@@ -125,16 +125,16 @@ class TritonPythonModel:
             await self.engine.abort(request_id)  # blocks are free when this returns
             timer.on_end("abort", self.metrics)  # the sink is silent once closing (_UnlessClosing)
             self._update_gauges()
-            response = (codec.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
-                        if self._closing else codec.error_response(self.pb, "request cancelled", "CANCELLED", tag))
+            response = (errors.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
+                        if self._closing else errors.error_response(self.pb, "request cancelled", "CANCELLED", tag))
             await self._final(sender, response, request_id)
         except Exception as exc:
-            code = codec.error_code_for(exc)
+            code = errors.error_code_for(exc)
             if code == "INTERNAL":
                 logger.exception("request %s failed", request_id)
             if code != "INVALID_ARG":
                 timer.on_end("error", self.metrics)
-            await self._final(sender, codec.error_response(self.pb, str(exc), code, tag), request_id)
+            await self._final(sender, errors.error_response(self.pb, str(exc), code, tag), request_id)
         finally:
             self._active.pop(request_id, None)
 
@@ -227,7 +227,7 @@ class TritonPythonModel:
             # then crashes the server).
             self._active.pop(request_id, None)
         flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        await self._send(functools.partial(codec.send_final, sender, response, flag))
+        await self._send(functools.partial(errors.send_final, sender, response, flag))
 
     # -- background ---------------------------------------------------------------------------
 
