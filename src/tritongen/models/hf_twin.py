@@ -6,11 +6,18 @@ import torch
 from tritongen.models.arch import ModelArch
 
 
+NO_HF_CLASS = {"BaichuanForCausalLM": "it ships remote code only, which is never run here; its parity "
+                                      "reference is HF Llama with remapped weights (tests/models/test_dense_families.py)"}
+"""Architectures without a transformers class, and why."""
+
+
 def hf_twin(model: torch.nn.Module, arch: ModelArch, attn_implementation: str = "eager") -> torch.nn.Module:
     """An HF model of the same architecture holding exactly our weights (CausalLM.hf_state_dict
     gives them HF's names and layouts)."""
     import transformers
 
+    if arch.architecture in NO_HF_CLASS:
+        raise ValueError(f"no HF transformers class for {arch.architecture}: {NO_HF_CLASS[arch.architecture]}")
     d = arch.to_hf_config()
     config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
     param = next(model.parameters())
