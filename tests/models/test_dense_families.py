@@ -268,3 +268,23 @@ def test_tensor_parallel_refuses_the_dense_families() -> None:
 def test_unsupported_options_are_refused_by_name(preset: str, change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelArch.from_hf_config({**PRESETS[preset], **change})
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma2", "tiny-gemma3", "tiny-phi3"])
+def test_hf_twin_holds_our_weights(preset: str) -> None:
+    """eval parity and the GPU suite build HF twins of dummy models: HF's class, our exact tensors."""
+    from tritongen.models.hf_twin import hf_twin
+
+    net, arch = load_model(f"dummy:{preset}", torch.float32, torch.device("cpu"))
+    twin = hf_twin(net, arch)
+    assert type(twin).__name__ == arch.architecture
+    theirs = twin.state_dict()
+    assert all(torch.equal(t, theirs[name]) for name, t in net.hf_state_dict().items())
+
+
+def test_hf_twin_refuses_baichuan_by_name() -> None:
+    from tritongen.models.hf_twin import hf_twin
+
+    net, arch = load_model("dummy:tiny-baichuan", torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="no HF transformers class for BaichuanForCausalLM"):
+        hf_twin(net, arch)
