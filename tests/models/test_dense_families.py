@@ -288,3 +288,41 @@ def test_hf_twin_refuses_baichuan_by_name() -> None:
     net, arch = load_model("dummy:tiny-baichuan", torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="no HF transformers class for BaichuanForCausalLM"):
         hf_twin(net, arch)
+
+
+@pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"])
+def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
+    """Each family behind the real OpenAI server (uvicorn on 127.0.0.1): a greedy chat request
+    (the tokenizer's chat template) answers what the engine generates for the templated ids."""
+    import asyncio
+    import os
+    import sys
+
+    import openai
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openai"))
+    from oai_helpers import ServerThread
+
+    from tritongen import AsyncLLM
+    from tritongen.openai.server import build_app
+
+    engine = AsyncLLM(f"dummy:{preset}", tokenizer=default_model_dir, dtype="float32", device="cpu",
+                      kv_cache_memory_gb=0.02)
+    srv = ServerThread(build_app(engine, served_model_name=preset))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
+        chat = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model=preset, messages=chat, max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        ids = list(engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+        async def direct():
+            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+            return [o async for o in engine.generate(ids, params, request_id="direct")][-1]
+
+        want = asyncio.run(direct())
+        assert r.choices[0].message.content == want.text and r.usage.completion_tokens == 6
+        assert r.usage.prompt_tokens == len(ids)
+    finally:
+        srv.stop()
+        engine.shutdown()
