@@ -52,6 +52,38 @@ GAUGES = {
     "tritongen_prefix_cache_hit_ratio": "Prompt tokens served from the prefix cache / prompt tokens looked up.",
 }
 
+# The KV-cache layout, for routers that mirror the prefix cache (docs/deploy.md, "Routing").
+CACHE_GAUGES = {
+    "tritongen_kv_cache_block_size": "Tokens per KV-cache block: the prefix cache reuses whole blocks, each "
+                                     "identified by a hash chained over every token id before its end.",
+    "tritongen_kv_cache_num_blocks": "KV-cache blocks of the engine (its capacity; one block holds block_size tokens).",
+}
+# What the Gateway API Inference Extension's endpoint picker reads (llm-d-router's
+# core-metrics-extractor, engine type "vllm", its default): the same values under vLLM's names.
+PICKER_GAUGES = {  # alias -> the tritongen gauge it mirrors
+    "vllm:num_requests_waiting": "tritongen_num_requests_waiting",
+    "vllm:num_requests_running": "tritongen_num_requests_running",
+    "vllm:kv_cache_usage_perc": "tritongen_kv_cache_usage_ratio",
+}
+PICKER_CACHE_INFO = "vllm:cache_config_info"
+"""Value 1; labels block_size and num_gpu_blocks (from CACHE_GAUGES), as the picker parses them."""
+CACHE_INFO_LABELS = {"block_size": "tritongen_kv_cache_block_size",
+                     "num_gpu_blocks": "tritongen_kv_cache_num_blocks"}
+
+
+def alias_descriptions() -> dict[str, str]:
+    """Description of every picker alias (the exporters register these beside GAUGES)."""
+    return {alias: f"{GAUGES[name]} (= {name}; the name the Gateway API Inference Extension reads)"
+            for alias, name in PICKER_GAUGES.items()}
+
+
+def cache_info_labels(values: dict[str, float]) -> Optional[dict[str, str]]:
+    """The labels of PICKER_CACHE_INFO from the CACHE_GAUGES values set so far (None before both are)."""
+    if not all(name in values for name in CACHE_INFO_LABELS.values()):
+        return None
+    return {label: str(int(values[name])) for label, name in CACHE_INFO_LABELS.items()}
+
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
@@ -115,3 +147,6 @@ def update_engine_gauges(stats: dict, sink: MetricsSink, seen: Optional[dict[str
     total = stats["kv_blocks_total"] or 1
     sink.set_gauge("tritongen_kv_cache_usage_ratio", 1.0 - stats["kv_blocks_free"] / total)
     sink.set_gauge("tritongen_prefix_cache_hit_ratio", stats["prefix_cache_hit_rate"])
+    if "block_size" in stats:
+        sink.set_gauge("tritongen_kv_cache_block_size", stats["block_size"])
+        sink.set_gauge("tritongen_kv_cache_num_blocks", stats["kv_blocks_total"])
