@@ -326,3 +326,25 @@ def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
     finally:
         srv.stop()
         engine.shutdown()
+
+
+@pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"])
+def test_fuse_projections_keeps_outputs_and_checkpoint_names(preset: str) -> None:
+    """What the GPU runner does at load (stack q/k/v and gate/up): the same hidden states (GeGLU
+    splits the stacked gate/up itself), and hf_state_dict still gives the checkpoint's names."""
+    from tritongen.ops.attention import build_attention_metadata
+
+    plain, arch = load_model(f"dummy:{preset}", torch.float32, torch.device("cpu"))
+    fused, _ = load_model(f"dummy:{preset}", torch.float32, torch.device("cpu"))
+    fused.fuse_projections()
+    assert fused.model.layers[0].self_attn.qkv_proj is not None and fused.model.layers[0].mlp.gate_up_proj is not None
+    want, got = plain.hf_state_dict(), fused.hf_state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], v) for k, v in want.items())
+    ids, pos = torch.tensor([5, 6, 7, 8, 9, 10]), torch.arange(6)
+    meta = build_attention_metadata([6], [6], [[1, 0]], 4)
+
+    def kv():
+        return [torch.zeros(2, 2, 4, arch.num_key_value_heads, arch.head_dim) for _ in range(arch.num_hidden_layers)]
+
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids, pos, kv(), meta), plain(ids, pos, kv(), meta), atol=1e-5, rtol=1e-5)
