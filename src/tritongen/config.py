@@ -25,6 +25,10 @@ class ModelConfig:
     """Disable CUDA graphs for decode steps (always run eager PyTorch)."""
     attention_backend: str = "auto"
     """reference | triton | auto (Triton kernels on CUDA when the triton package is installed)."""
+    quantization: Optional[str] = None
+    """fp8: quantize the linear layers (not lm_head) of a bf16/fp16 checkpoint to FP8 e4m3 at load,
+    per output channel. Unset: the checkpoint's own dtype, or its quantization_config for FP8
+    checkpoints (HF "fp8", compressed-tensors float-quantized), which load as published."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from torch import nn
 from tritongen.models.arch import ModelArch
 from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, rotary_attention
+from tritongen.ops.fp8 import Fp8Linear, stack_fp8
 
 
 class Linear(nn.Linear):
@@ -131,6 +132,8 @@ class LlamaMLP(nn.Module):
             return self.down_proj(reference.activation(gate, self.act) * up)
         if self.gate_up_proj is None:
             return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        if not isinstance(self.gate_up_proj, nn.Linear):  # FP8 (ops.fp8.Fp8Linear): its own product
+            return self.down_proj(kernels.silu_and_mul(*self.gate_up_proj(x).chunk(2, dim=-1)))
         # SiLU·mul in the GEMM's epilogue for decode batches where that was measured faster
         return self.down_proj(kernels.gated_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias))
 
@@ -241,8 +244,10 @@ _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_a
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
-def _stack(*linears: nn.Linear) -> nn.Linear:
+def _stack(*linears: nn.Module) -> nn.Module:
     first = linears[0]
+    if isinstance(first, Fp8Linear):
+        return stack_fp8(list(linears))
     out = sum(lin.out_features for lin in linears)
     fused = Linear(first.in_features, out, bias=first.bias is not None,
                       device=first.weight.device, dtype=first.weight.dtype)

@@ -21,6 +21,7 @@ from tritongen.models.presets import PRESETS
 from tritongen.models.registry import get_model_class
 
 if TYPE_CHECKING:
+    from tritongen.models.fp8_checkpoint import Fp8Plan
     from tritongen.parallel.tensor_parallel import Shard, ShardSpec
 
 logger = logging.getLogger(__name__)
@@ -54,17 +55,25 @@ def read_arch(model: str) -> ModelArch:
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Optional["Shard"] = None
+    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Optional["Shard"] = None,
+    quantization: Optional[str] = None,
 ) -> tuple[CausalLM, ModelArch]:
     """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
     and device type (they are drawn on the device, so CPU and CUDA draws differ).
+
+    FP8 (models/fp8_checkpoint.py): a checkpoint with an FP8 quantization_config gets Fp8Linear
+    layers filled from its tensors; `quantization="fp8"` on another one leaves its layers in
+    `dtype` here for the caller to quantize after fuse_projections (fp8_plan says which).
 
     With a tensor-parallel `shard`, the model has the rank's shapes and only the rank's slice of
     each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time and
     sliced, so every world size gets the same model)."""
     device = torch.device(device)
     arch = read_arch(model)
-    net = build_empty_model(arch, dtype, device, shard)
+    plan = fp8_plan(model, quantization)
+    if plan is not None and plan.prequantized and shard is not None:
+        raise ValueError("FP8 checkpoints load without tensor parallelism for now (their scales are not sharded)")
+    net = build_empty_model(arch, dtype, device, shard, plan if plan is not None and plan.prequantized else None)
     spec: SpecFn = lambda name: None  # noqa: E731
     if shard is not None:
         from tritongen.parallel.tensor_parallel import shard_specs
@@ -73,14 +82,21 @@ def load_model(
     if is_dummy(model):
         init_dummy_weights(net, seed, spec, full_shapes(arch) if shard is not None else None)
     else:
-        load_checkpoint(net, Path(model).expanduser(), spec)
+        load_checkpoint(net, Path(model).expanduser(), spec, plan if plan is not None and plan.prequantized else None)
     return net.eval(), arch
 
 
+def fp8_plan(model: str, quantization: Optional[str]) -> Optional["Fp8Plan"]:
+    """The FP8 plan of `model` (its quantization_config) and the `quantization` option; None: plain."""
+    from tritongen.models.fp8_checkpoint import plan_for
+
+    return plan_for(hf_config_dict(model), quantization)
+
+
 def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,
-                      shard: Optional["Shard"] = None) -> CausalLM:
+                      shard: Optional["Shard"] = None, fp8: Optional["Fp8Plan"] = None) -> CausalLM:
     """The model (the rank's shard of it) with uninitialized parameters allocated on `device` in
-    `dtype`; buffers are valid."""
+    `dtype` (the `fp8` plan's linear layers as empty Fp8Linear ones); buffers are valid."""
     cls = get_model_class(arch.architecture)
     with torch.device("meta"):
         net = cls(arch)
@@ -88,7 +104,12 @@ def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,
             from tritongen.parallel.tensor_parallel import shard_modules
 
             shard_modules(net, shard)
-    net = net.to(dtype=dtype).to_empty(device=device)
+    net = net.to(dtype=dtype)
+    if fp8 is not None:
+        from tritongen.models.fp8_checkpoint import make_fp8_layers
+
+        make_fp8_layers(net, fp8)
+    net = net.to_empty(device=device)
     net.tie_weights()  # to_empty gives each module its own new tensor
     net.reset_buffers()  # meta buffers have no values; inv_freq must be float32
     return net
@@ -182,6 +203,16 @@ def _iter_tensors(file: Path) -> Iterator[tuple[str, Any]]:
     yield from state.items()
 
 
+def _fp8_tensor(name: str, tensor: Any, plan: "Fp8Plan", params: dict) -> tuple[str, Any]:
+    from tritongen.models.fp8_checkpoint import checkpoint_name, checkpoint_scale
+
+    ours = checkpoint_name(name, plan)
+    weight = params.get(ours[: -len("_scale")]) if ours.endswith(".weight_scale") else None
+    if weight is None:
+        return ours, tensor
+    return ours, checkpoint_scale(_read(tensor, None), plan, *weight.shape)
+
+
 def _read(tensor: Any, spec: Optional["ShardSpec"]) -> torch.Tensor:
     if spec is not None:
         return spec.take(tensor)
@@ -189,9 +220,11 @@ def _read(tensor: Any, spec: Optional["ShardSpec"]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_checkpoint(model: CausalLM, path: Path, spec: Optional[SpecFn] = None) -> None:
+def load_checkpoint(model: CausalLM, path: Path, spec: Optional[SpecFn] = None,
+                    fp8: Optional["Fp8Plan"] = None) -> None:
     """Copy every parameter (the rank's slice of it, per `spec`) from the checkpoint in `path`;
     the model maps checkpoint names and layouts to its parameters (CausalLM.checkpoint_tensors).
+    An `fp8` checkpoint's weight scales are renamed and reshaped to our layout.
     ValueError on missing or mis-shaped ones."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied lm_head may be in the file
     loaded: set[int] = set()
@@ -200,6 +233,8 @@ def load_checkpoint(model: CausalLM, path: Path, spec: Optional[SpecFn] = None) 
         for file_name, lazy in _iter_tensors(file):
             if file_name.endswith(_IGNORED_SUFFIXES):
                 continue
+            if fp8 is not None:
+                file_name, lazy = _fp8_tensor(file_name, lazy, fp8, params)
             for name, value in model.checkpoint_tensors(file_name, lazy):
                 param = params.get(name)
                 if param is None:

@@ -79,10 +79,11 @@ class ModelRunner:
         arch = read_arch(model_path)
         self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
         self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed,
-                                           shard=shard)
+                                           shard=shard, quantization=model_config.quantization)
         self.model.eval()
         if self.device.type == "cuda":
             self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
+        self._quantize(model_path, model_config.quantization)
         self.block_size = cache_config.block_size
         self.num_blocks = self._agree(cache_config.num_blocks
                                       or self._num_blocks_from_memory(cache_config, scheduler_config))
@@ -106,6 +107,17 @@ class ModelRunner:
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
                     self.num_blocks * self.bytes_per_block / 2**30, self.device, self.dtype, tokens / max_len, max_len)
 
+    def _quantize(self, model_path: str, quantization: Optional[str]) -> None:
+        """quantization="fp8" on a bf16/fp16 checkpoint: its linear layers (stacked ones included)
+        become Fp8Linear, per output channel."""
+        from tritongen.models.fp8_checkpoint import quantize_layers
+        from tritongen.models.loader import fp8_plan
+
+        plan = fp8_plan(model_path, quantization)
+        if plan is not None and not plan.prequantized:
+            names = quantize_layers(self.model, plan)
+            logger.info("fp8: %d linear layers quantized per output channel", len(names))
+
     def _select_decode_gemms(self) -> None:
         """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture)."""
         from tritongen.ops import triton_gemv
@@ -114,7 +126,8 @@ class ModelRunner:
         made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks)
         logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
                     sum(c is not None for c in made.values()), len(made))
-        gate_up = [m.gate_up_proj.weight for m in self.model.modules() if getattr(m, "gate_up_proj", None) is not None]
+        gate_up = [m.gate_up_proj.weight for m in self.model.modules()
+                   if isinstance(getattr(m, "gate_up_proj", None), torch.nn.Linear)]  # not FP8 layers
         if gate_up and os.environ.get("TRITONGEN_FUSED_SILU_MUL", "1") != "0":
             made = triton_gemv.select_gated_kernels(gate_up, agree=self._mean_over_ranks)
             logger.info("gate/up GEMM with SiLU·mul fused: %d of %d (shape, rows) cases",
