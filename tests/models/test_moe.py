@@ -167,6 +167,30 @@ def test_sparse_step_and_mlp_only_layers_pick_the_dense_layers() -> None:
     assert net.model.layers[0].mlp.gate_proj.out_features == arch.intermediate_size
 
 
+@torch.no_grad()
+def test_fuse_projections_keeps_experts_stacked_and_hf_names() -> None:
+    """What the runner does on CUDA: q/k/v (and Qwen3-MoE's dense layer's gate/up) stack; the
+    experts stay as they are; outputs and HF-named weights are unchanged."""
+    from tritongen.ops.attention import build_attention_metadata
+
+    net, arch = load_model("dummy:tiny-qwen3-moe", torch.float32, torch.device("cpu"))
+    before = {k: v.clone() for k, v in net.hf_state_dict().items()}
+    ids, positions = torch.randint(3, 1000, (7,)), torch.arange(7)
+    meta = build_attention_metadata([7], [7], [[0, 1]], 4)
+
+    def run() -> torch.Tensor:
+        caches = [torch.zeros(net.kv_cache_shape(4, 4)) for _ in range(arch.num_hidden_layers)]
+        return net(ids, positions, caches, meta)
+
+    expected = run()
+    net.fuse_projections()
+    assert net.model.layers[1].mlp.gate_up_proj is not None  # the dense layer
+    assert isinstance(net.model.layers[0].mlp, SparseMoeBlock)
+    after = net.hf_state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
+    torch.testing.assert_close(run(), expected, atol=0, rtol=0)
+
+
 def test_routing_renormalizes_as_the_config_says() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
     w, ids = moe.select_experts(logits, 2, renormalize=True)
