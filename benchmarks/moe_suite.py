@@ -16,7 +16,9 @@ Floors follow bench/roofline.py's method with the bytes an MoE step reads: atten
 router of every layer, the routed experts (batch 1: exactly top-k per MoE layer; a batch of B
 tokens: E * (1 - (1 - k/E)^B) distinct experts expected under uniform routing), lm_head (the
 embedding is gathered, not read), the KV context; over the copy bandwidth measured in this run.
-Prefill is counted compute-bound on the active parameters at the measured bf16 GEMM rate.
+The dataset floor walks the decode steps with their batch sizes (at most max_num_seqs running,
+the tail of long requests at small batches reading few experts); prefill is counted compute-bound
+on the active parameters at the measured bf16 GEMM rate.
 The HF peer holds our engine's tensors (HF's class built on the meta device, load_state_dict with
 assign=True): a second copy of 8x7B's 93 GB would not fit beside the first. It uses HF's default
 experts implementation (grouped_mm where torch has it).
@@ -88,18 +90,28 @@ def decode_floor_s(arch: ModelArch, elt: int, context: int, bw: float) -> float:
 
 def dataset_floor_s(arch: ModelArch, elt: int, pairs: list[tuple[int, int]], max_batch: int,
                     bw: float, flops: float) -> dict:
-    """bench.roofline.dataset_floor with MoE bytes: the decode steps at their mean batch read the
-    experts that batch is expected to route to."""
+    """bench.roofline.dataset_floor with MoE bytes, step by step: requests decode in arrival order,
+    at most max_batch at once (a finished one's slot goes to the next), and each decode step reads
+    the experts its batch is expected to route to, plus every running sequence's KV context."""
     act = active_params(arch)
     prefill_s = sum(2.0 * act * p for p, _ in pairs) / flops
-    decode_tokens = sum(max(o - 1, 0) for _, o in pairs)
-    steps = max(-(-decode_tokens // max_batch), max((o - 1 for _, o in pairs), default=0))
-    batch = decode_tokens / steps if steps else 1
-    context_sum = sum((o - 1) * p + (o - 1) * o / 2 for p, o in pairs if o > 1)
-    decode_bytes = steps * step_params_read(arch, batch) * elt + context_sum * kv_bytes_per_token(arch, elt)
+    waiting = [[p, o - 1] for p, o in reversed(pairs) if o > 1]  # [context, decode steps left]
+    running: list[list[int]] = []
+    steps, decode_bytes, decode_tokens = 0, 0.0, 0
+    while waiting or running:
+        while waiting and len(running) < max_batch:
+            running.append(waiting.pop())
+        b = len(running)
+        steps += 1
+        decode_tokens += b
+        decode_bytes += step_params_read(arch, b) * elt + sum(c + 1 for c, _ in running) * kv_bytes_per_token(arch, elt)
+        for r in running:
+            r[0] += 1
+            r[1] -= 1
+        running = [r for r in running if r[1] > 0]
     decode_s = max(decode_bytes / bw, 2.0 * act * decode_tokens / flops)
     return {"prefill_s": prefill_s, "decode_s": decode_s, "floor_s": prefill_s + decode_s, "decode_steps": steps,
-            "mean_decode_batch": batch}
+            "mean_decode_batch": decode_tokens / steps if steps else 0}
 
 
 # -- sections -------------------------------------------------------------------------------------
