@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from tritongen.cli import add_engine_args, engine_kwargs  # noqa: E402
+from tritongen.config_cli import add_engine_args, engine_kwargs  # noqa: E402
 from tritongen.netutil import free_ports  # noqa: E402
 
 TARGETS = {"openai": "openai", "triton": "triton-grpc", "bls": "triton-bls"}

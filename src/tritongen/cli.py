@@ -5,44 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import MISSING, fields
 from typing import Optional
 
-from tritongen.config import DEFAULT_MAX_QUEUE, ENGINE_CONFIG_PARTS
-
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """Read the docstring under each dataclass field (they double as CLI help)."""
-    import ast
-    import inspect
-
-    docs: dict[str, str] = {}
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    for prev, node in zip(body, body[1:]):
-        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = str(node.value.value)
-    return docs
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """One flag per engine config field: --max-num-seqs, --block-size, ..."""
-    for _, cls in ENGINE_CONFIG_PARTS:
-        docs = _field_docs(cls)
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default if f.default is not MISSING else None
-            kind = {"int": int, "float": float, "str": str, "bool": bool}.get(
-                str(f.type).replace("Optional[", "").rstrip("]"), str)
-            if kind is bool:
-                p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name))
-            else:
-                p.add_argument(flag, type=kind, default=default, help=docs.get(f.name))
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    names = [f.name for _, cls in ENGINE_CONFIG_PARTS for f in fields(cls)]
-    return {n: getattr(args, n) for n in names}
+from tritongen.config import DEFAULT_MAX_QUEUE
+from tritongen.config_cli import add_engine_args, engine_kwargs
 
 
 def _sampling_params(args: argparse.Namespace):

@@ -117,7 +117,7 @@ def cmd_offline(args: argparse.Namespace) -> int:
     from tritongen import LLM
     from tritongen.bench.datasets import load_dataset
     from tritongen.bench.offline import format_offline, run_offline
-    from tritongen.cli import engine_kwargs
+    from tritongen.config_cli import engine_kwargs
 
     llm = LLM(**engine_kwargs(args))
     requests = load_dataset(args.dataset, args.num_prompts, args.seed, llm.tokenizer, args.corpus)
@@ -133,7 +133,7 @@ def cmd_offline(args: argparse.Namespace) -> int:
 def cmd_latency(args: argparse.Namespace) -> int:
     from tritongen import LLM
     from tritongen.bench.offline import format_latency, run_latency
-    from tritongen.cli import engine_kwargs
+    from tritongen.config_cli import engine_kwargs
 
     llm = LLM(**engine_kwargs(args))
     summary = {"model": args.model or "default",
@@ -149,7 +149,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
 
 def _add_offline(sub) -> None:
-    from tritongen.cli import add_engine_args
+    from tritongen.config_cli import add_engine_args
 
     p = sub.add_parser("offline", help="the whole dataset through LLM.generate (engine throughput, no server)")
     add_dataset_args(p, engine=True)

@@ -32,7 +32,7 @@ def _backend(args: argparse.Namespace):
 
     if args.target == "engine":
         from tritongen import LLM
-        from tritongen.cli import engine_kwargs
+        from tritongen.config_cli import engine_kwargs
 
         return EngineBackend(LLM(**engine_kwargs(args)))
     from tritongen.fetch import resolve_model
@@ -60,7 +60,7 @@ def cmd_task(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from tritongen.cli import add_engine_args
+    from tritongen.config_cli import add_engine_args
 
     ev = subparsers.add_parser("eval", help="accuracy: parity with HF transformers, task accuracy")
     sub = ev.add_subparsers(dest="eval_command", required=True)

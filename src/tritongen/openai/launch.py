@@ -22,7 +22,7 @@ EXIT_STOPPED = 0
 
 
 def serve(args) -> int:
-    from tritongen.cli import engine_kwargs
+    from tritongen.config_cli import engine_kwargs
 
     try:
         sock = _listen(args.host, args.port)

@@ -21,7 +21,7 @@ from tritongen.triton.launcher import CPU_NOTE, TritonServer
 
 
 def register(subparsers) -> None:
-    from tritongen.cli import add_engine_args
+    from tritongen.config_cli import add_engine_args
 
     p = subparsers.add_parser("repo", help="write a Triton model repository for a model")
     p.add_argument("--out", required=True, help="repository directory (created; our model folders are replaced)")
@@ -43,7 +43,7 @@ def register(subparsers) -> None:
 
 
 def cmd_repo(args: argparse.Namespace) -> int:
-    from tritongen.cli import engine_kwargs
+    from tritongen.config_cli import engine_kwargs
     from tritongen.triton.repo import write_repository
 
     try:
@@ -231,7 +231,7 @@ def serve_triton(args) -> int:
 
 
 def _serve_checked(args, host: str) -> int:
-    from tritongen.cli import engine_kwargs
+    from tritongen.config_cli import engine_kwargs
     from tritongen.fetch import resolve_model
     from tritongen.triton.repo import write_repository
 
