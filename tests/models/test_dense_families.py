@@ -217,18 +217,20 @@ def test_baichuan_engine_matches_llama_reference(preset: str, default_model_dir,
                   "BaichuanForCausalLM")
 
 
-def test_baichuan_checkpoint_layout_round_trips(tmp_path) -> None:
+def test_baichuan_checkpoint_layout_loads(tmp_path) -> None:
     from safetensors.torch import load_file
 
     ref = _baichuan("tiny-baichuan-13b", tmp_path, seed=12)
     net, arch = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
     assert arch.position_encoding == "alibi" and arch.normalized_lm_head and net.model.rotary_emb is None
-    assert torch.equal(net.model.layers[1].self_attn.k_proj.weight, ref.model.layers[1].self_attn.k_proj.weight)
-    assert torch.allclose(net.lm_head.weight.norm(dim=-1), torch.ones(arch.vocab_size))
     saved = load_file(str(tmp_path / "model.safetensors"))
-    mine = net.hf_state_dict()
-    assert set(mine) == set(saved)
-    assert all(torch.equal(t, saved[n]) for n, t in mine.items() if n != "lm_head.weight")
+    for i in range(arch.num_hidden_layers):
+        attn = net.model.layers[i].self_attn
+        packed = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        assert torch.equal(packed, saved[f"model.layers.{i}.self_attn.W_pack.weight"])
+    assert torch.equal(net.lm_head.weight, F.normalize(saved["lm_head.weight"], dim=-1))
+    assert torch.allclose(net.lm_head.weight.norm(dim=-1), torch.ones(arch.vocab_size))
+    assert all(torch.equal(t, ref.state_dict()[n]) for n, t in net.hf_state_dict().items())
     half, _ = load_model("dummy:tiny-baichuan-13b", torch.bfloat16, torch.device("cpu"))
     assert half.model.layers[0].self_attn.alibi_slopes.dtype == torch.float32
 
@@ -282,12 +284,19 @@ def test_hf_twin_holds_our_weights(preset: str) -> None:
     assert all(torch.equal(t, theirs[name]) for name, t in net.hf_state_dict().items())
 
 
-def test_hf_twin_refuses_baichuan_by_name() -> None:
+def test_hf_twin_of_baichuan_7b_is_llama_and_13b_is_refused(tmp_path) -> None:
+    """eval parity's twin of a Baichuan 7B checkpoint is HF Llama with the remapped weights (the
+    reference above); the ALiBi 13B has no transformers class and is refused by name."""
     from tritongen.models.hf_twin import hf_twin
 
-    net, arch = load_model("dummy:tiny-baichuan", torch.float32, torch.device("cpu"))
-    with pytest.raises(ValueError, match="no HF transformers class for BaichuanForCausalLM"):
-        hf_twin(net, arch)
+    ref = _baichuan("tiny-baichuan", tmp_path, seed=13)
+    net, arch = load_model(str(tmp_path), torch.float32, torch.device("cpu"))
+    twin = hf_twin(net, arch)
+    assert type(twin).__name__ == "LlamaForCausalLM"
+    assert all(torch.equal(t, ref.state_dict()[n]) for n, t in twin.state_dict().items())
+    net13, arch13 = load_model("dummy:tiny-baichuan-13b", torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="no HF transformers class computes Baichuan's ALiBi"):
+        hf_twin(net13, arch13)
 
 
 @pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"])

@@ -9,7 +9,8 @@ Llama's q_proj / k_proj / v_proj (fuse_projections stacks them again on the GPU)
   (the same geometric series), a bias on key positions inside the paged attention.
 Baichuan2's lm_head is a NormHead: its rows are L2-normalized before the product. The product of
 normalized rows is all it ever computes at inference, so the rows are normalized once at load
-(in float32; arch.normalized_lm_head) and the head is a plain linear layer afterwards.
+(in float32; arch.normalized_lm_head) and the head is a plain linear layer afterwards. Dummy
+weights skip the checkpoint path, so a dummy Baichuan2's head rows are not unit (same cost).
 """
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ class BaichuanModel(LlamaModel):
 
 
 class BaichuanForCausalLM(LlamaForCausalLM):
-    """Baichuan / Baichuan2, 7B (RoPE) and 13B (ALiBi); implements models.interface.CausalLM."""
+    """Baichuan / Baichuan2, 7B (RoPE) and 13B (ALiBi); implements models.interface.CausalLM.
+    hf_state_dict is Llama's (q/k/v apart, the head as normalized at load): the 7B's HF twin is
+    LlamaForCausalLM (models.hf_twin.twin_arch)."""
 
     model_class = BaichuanModel
 
@@ -83,13 +86,3 @@ class BaichuanForCausalLM(LlamaForCausalLM):
             yield name, F.normalize(full.float(), dim=-1)  # NormHead: unit rows
         else:
             yield name, tensor
-
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The Baichuan checkpoint layout (W_pack; lm_head as held: normalized for Baichuan2,
-        which loading normalizes again to the same rows). No transformers class exists to load it."""
-        state = self.state_dict()  # Llama names, also after fuse_projections (its hook splits)
-        for i in range(self.arch.num_hidden_layers):
-            base = f"model.layers.{i}.self_attn"
-            state[f"{base}.W_pack.weight"] = torch.cat([state.pop(f"{base}.{p}.weight")
-                                                        for p in ("q_proj", "k_proj", "v_proj")])
-        return state

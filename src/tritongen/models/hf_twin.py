@@ -1,24 +1,31 @@
 """HF transformers twins of our models: the ground truth for parity tests and `eval parity`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tritongen.models.arch import ModelArch
 
 
-NO_HF_CLASS = {"BaichuanForCausalLM": "it ships remote code only, which is never run here; its parity "
-                                      "reference is HF Llama with remapped weights (tests/models/test_dense_families.py)"}
-"""Architectures without a transformers class, and why."""
+def twin_arch(arch: ModelArch) -> ModelArch:
+    """The arch of the transformers class that computes what `arch` does: itself, except for
+    Baichuan (remote code only, never run here), whose 7B is Llama once W_pack is split and the
+    NormHead normalized (both done at load). Its 13B (ALiBi) has no such class: ValueError."""
+    if arch.architecture != "BaichuanForCausalLM":
+        return arch
+    if arch.position_encoding != "rope":
+        raise ValueError("no HF transformers class computes Baichuan's ALiBi (13B) layout (its remote code is "
+                         "never run); its parity reference is tests/models/test_dense_families.py")
+    return replace(arch, architecture="LlamaForCausalLM", normalized_lm_head=False)
 
 
 def hf_twin(model: torch.nn.Module, arch: ModelArch, attn_implementation: str = "eager") -> torch.nn.Module:
-    """An HF model of the same architecture holding exactly our weights (CausalLM.hf_state_dict
-    gives them HF's names and layouts)."""
+    """An HF model of the same architecture (twin_arch) holding exactly our weights
+    (CausalLM.hf_state_dict gives them HF's names and layouts)."""
     import transformers
 
-    if arch.architecture in NO_HF_CLASS:
-        raise ValueError(f"no HF transformers class for {arch.architecture}: {NO_HF_CLASS[arch.architecture]}")
-    d = arch.to_hf_config()
+    d = twin_arch(arch).to_hf_config()
     config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
     param = next(model.parameters())
     hf = transformers.AutoModelForCausalLM.from_config(config, dtype=param.dtype,
