@@ -30,7 +30,7 @@ ENGINE_INPUT_TYPES = {s.name: NUMPY_TYPES[s.data_type] for s in INPUTS}
 ENGINE_OUTPUT_NAMES = frozenset(s.name for s in OUTPUTS)
 
 _PERF = tuple(s for s in OUTPUTS if s.name in PERF_OUTPUT_NAMES)
-_CLIENT_INPUTS = tuple(s for s in INPUTS if s.name != "abort_request_id")
+_CLIENT_INPUTS = INPUTS  # abort_request_id too: the engine model refuses it without its token
 
 TRTLLM_TOKEN_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_ids", "TYPE_INT32", (-1, -1), "[B, 1, L] generated ids, padded with end_id (else 0)"),
