@@ -1,0 +1,181 @@
+"""FP8 on one GPU (issue 25), one job: the FP8 kernel tests on CUDA, the decode GEMMs of a model's
+shapes (bf16 cuBLAS, the FP8 weight-only Triton kernel, per-token FP8 + torch._scaled_mm) per row
+count, then per model bf16 against `--quantization fp8` on the same dummy weights: batch-1 decode
+against each dtype's bandwidth floor, greedy token match and mean |Δlogprob| of fp8 against bf16,
+and offline sharegpt-like throughput. Prints a table last; JSON to $OUT/fp8_suite.json.
+
+    PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/fp8_suite.py \
+        [--models dummy:llama-2-7b,dummy:llama-2-13b] [--num-prompts 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+from tritongen.bench import roofline  # noqa: E402
+from tritongen.bench.gpu_suite_common import copy_bandwidth  # noqa: E402
+from tritongen.bench.offline import run_latency, run_offline  # noqa: E402
+from tritongen.models.loader import read_arch  # noqa: E402
+
+ROWS: list[tuple] = []
+
+
+def row(name: str, value: float, unit: str, note: str = "") -> None:
+    ROWS.append((name, value, unit, note))
+    print(f"{name:<58} {value:>10.4g} {unit:<7} {note}", flush=True)
+
+
+def timed(fn, iters: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def section_tests() -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu/test_triton_fp8.py",
+           "tests/unit/test_fp8.py"]
+    proc = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    print("\n".join("  | " + t for t in tail), flush=True)
+    return {"returncode": proc.returncode, "tail": tail}
+
+
+def section_gemms(model: str) -> dict:
+    from tritongen.ops.fp8 import Fp8Scales, _scaled_mm_linear, quantize_weight
+    from tritongen.ops.triton_fp8 import fp8_linear
+
+    arch = read_arch(model)
+    h, i = arch.hidden_size, arch.intermediate_size
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+    out = {}
+    for name, (n, k) in shapes.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        for scales in (Fp8Scales("channel"), Fp8Scales("block", (128, 128))):
+            qw, s = quantize_weight(w, scales)
+            for rows in (1, 8, 64, 512):
+                x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+                t = {"bf16": timed(lambda: torch.nn.functional.linear(x, w)),
+                     "fp8_weight_only": timed(lambda: fp8_linear(x, qw, s, scales))}
+                if scales.kind == "channel":
+                    t["fp8_scaled_mm"] = timed(lambda: _scaled_mm_linear(x, qw, s, scales, None))
+                key = f"{name} {n}x{k} {scales.kind} rows={rows}"
+                out[key] = t
+                best = min((v, m) for m, v in t.items() if m != "bf16")
+                row(f"gemm {key}", t["bf16"] / best[0], "x bf16",
+                    f"bf16 {t['bf16'] * 1e6:.1f} us, " + ", ".join(f"{m} {v * 1e6:.1f} us" for m, v in t.items()
+                                                                  if m != "bf16")
+                    + f"; fp8 weight bytes at {n * k / best[0] / 1e12:.2f} TB/s")
+    return out
+
+
+def fp8_floor(arch, bw: float, context: int) -> float:
+    """Batch-1 decode floor with FP8 linear weights (lm_head stays bf16) and a bf16 KV cache."""
+    head = arch.vocab_size * arch.hidden_size
+    weights = (roofline.matmul_params(arch) - head) * 1 + head * 2
+    return (weights + context * roofline.kv_bytes_per_token(arch, "bfloat16")) / bw
+
+
+def section_model(model: str, args, bw: float, tokenizer) -> dict:
+    from tritongen import LLM, SamplingParams
+    from tritongen.bench.datasets import load_dataset
+
+    arch = read_arch(model)
+    context = args.input_len + args.output_len // 2
+    floors = {None: roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"],
+              "fp8": fp8_floor(arch, bw, context)}
+    requests = load_dataset("sharegpt-like", args.num_prompts, 0, tokenizer)
+    g = torch.Generator().manual_seed(1)
+    probes = [torch.randint(100, arch.vocab_size, (n,), generator=g).tolist() for n in (16, 64, 128, 256)] * 2
+    greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=0)
+    data, answers = {}, {}
+    for quant in (None, "fp8"):
+        label = quant or "bf16"
+        t0 = time.perf_counter()
+        llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, seed=0, tokenizer=args.tokenizer,
+                  **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
+        load_s = time.perf_counter() - t0
+        lat = run_latency(llm, 1, args.input_len, args.output_len, iters=2, warmup_iters=1)
+        step_ms = lat["decode_step_ms"]["mean"]
+        frac = floors[quant] * 1e3 / step_ms
+        row(f"bs1 {model} {label} ms/step", step_ms, "ms",
+            f"floor {floors[quant] * 1e3:.3f} ms -> fraction {frac:.3f}; load {load_s:.0f} s")
+        answers[label] = [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in llm.generate(probes, greedy)]
+        off = run_offline(llm, requests)
+        row(f"offline {model} {label} sharegpt-like-{args.num_prompts}", off["rps"], "req/s",
+            f"{off['output_tok_s']:.0f} out tok/s")
+        data[label] = {"bs1": lat, "fraction": frac, "floor_s": floors[quant], "offline": off, "load_s": load_s}
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    match, total, dlp = 0, 0, []
+    for (a_ids, a_lp), (b_ids, b_lp) in zip(answers["bf16"], answers["fp8"]):
+        same = next((j for j, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))
+        match, total = match + same, total + len(a_ids)
+        dlp += [abs(x - y) for x, y in zip(a_lp[:same], b_lp[:same])]
+    bf, f8 = data["bf16"], data["fp8"]
+    row(f"bs1 {model} fp8 speed-up", bf["bs1"]["decode_step_ms"]["mean"] / f8["bs1"]["decode_step_ms"]["mean"], "x bf16")
+    row(f"offline {model} fp8 speed-up", f8["offline"]["rps"] / bf["offline"]["rps"], "x bf16")
+    row(f"greedy {model} fp8 tokens equal to bf16 (before first change)", match / total, "of all",
+        f"mean |dlogprob| {sum(dlp) / max(len(dlp), 1):.4f} over {len(dlp)} tokens")
+    data["agreement"] = {"prefix_match": match / total, "mean_abs_dlogprob": sum(dlp) / max(len(dlp), 1)}
+    return data
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="dummy:llama-2-7b,dummy:llama-2-13b")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--skip-gemms", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of this script (with a tiny model)")
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    from tritongen.fetch import resolve_model
+    from tritongen.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer or resolve_model(None))
+    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__}
+    out = Path(os.environ.get("OUT") or ROOT / "out") / "fp8_suite.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.skip_tests:
+        results["tests"] = section_tests()
+    bw = copy_bandwidth("cuda", 4 << 30) if args.device == "cuda" else roofline.H200_BANDWIDTH
+    row("copy bandwidth", bw / 1e12, "TB/s")
+    models = [m for m in args.models.split(",") if m]
+    if not args.skip_gemms and args.device == "cuda":
+        results["gemms"] = section_gemms(models[0])
+    for model in models:
+        try:
+            results[model] = section_model(model, args, bw, tokenizer)
+        except Exception as exc:  # noqa: BLE001 - the next model still runs
+            import traceback
+
+            traceback.print_exc()
+            results[model] = {"error": repr(exc)}
+        out.write_text(json.dumps(results, indent=1, default=str))
+    print("\n" + "\n".join(f"{n:<58} {v:>10.4g} {u:<7} {note}" for n, v, u, note in ROWS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
