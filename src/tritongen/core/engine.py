@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Union
 
 from tritongen.config import SchedulerConfig
@@ -15,7 +15,7 @@ from tritongen.core.block_manager import BlockManager
 from tritongen.core.detokenizer import IncrementalDetokenizer
 from tritongen.core.scheduler import Scheduler
 from tritongen.core.sequence import Sequence
-from tritongen.types import ModelOutput, RequestOutput, SamplingParams, SchedulerOutput
+from tritongen.types import ModelOutput, RequestOutput, RequestTimes, SamplingParams, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +280,7 @@ class EngineCore:
             seq.times.first_token_time = seq.times.first_token_time or now
             seq.times.last_token_time = now
         delta_text = detok.take_delta(finished)
+        t = seq.times  # copied: an output keeps the times of its step
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
@@ -294,7 +295,7 @@ class EngineCore:
             cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
             prompt_logprobs=list(seq.prompt_logprobs) if seq.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens,
-            times=replace(seq.times),
+            times=RequestTimes(t.arrival_time, t.first_scheduled_time, t.first_token_time, t.last_token_time),
         )
 
     def shutdown(self) -> None:
