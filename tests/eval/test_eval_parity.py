@@ -40,3 +40,20 @@ def test_smollm2_float32_parity_is_100_percent(default_model_dir, capsys):
                "--limit", "1", "--max-tokens", "16"])
     text = capsys.readouterr().out
     assert rc == 0 and "token match: 100.0%" in text and "ROUGE-L 100.00" in text
+
+
+def test_fp8_against_bf16_reports_agreement_and_mean_logprob_gap(tmp_path, capsys):
+    out = tmp_path / "fp8.json"
+    rc = main(["eval", "parity", "--model", "dummy:tiny-llama", "--device", "cpu", "--limit", "3",
+               "--max-tokens", "8", "--quantization", "fp8", "--against", "bf16", "--out", str(out)])
+    text = capsys.readouterr().out
+    s = json.loads(out.read_text())
+    assert s["against"] == "bf16" and s["dtype"] == "float32 fp8" and "against bf16" in text
+    assert s["total_tokens"] == 24 and 0 <= s["token_match"] <= 100
+    assert 0 < s["mean_abs_dlogprob"] <= s["max_abs_dlogprob"]  # fp8 really changes the logprobs
+    assert rc == (0 if s["token_match"] == 100.0 else 1)
+
+
+def test_against_bf16_without_quantization_is_refused():
+    with pytest.raises(ValueError, match="pass --quantization"):
+        main(["eval", "parity", "--model", "dummy:tiny-llama", "--device", "cpu", "--against", "bf16"])

@@ -1,4 +1,5 @@
-"""`eval parity`: our engine against HF transformers on the same weights, greedy, token by token.
+"""`eval parity`: our engine against HF transformers on the same weights, greedy, token by token;
+or (`against="bf16"`) a quantized engine (`quantization="fp8"`) against the same engine unquantized.
 
 HF runs with eager attention (the arithmetic our reference ops reproduce). For `dummy:` presets the
 HF model is a twin holding the engine's own random weights (models.hf_twin); HF directories are
@@ -73,7 +74,8 @@ def compare(ours: list[int], our_lps: list[float], theirs: list[int], their_lps:
     identical = ours == theirs
     deltas = [abs(a - b) for a, b in zip(our_lps[:common], their_lps[:common])]
     return {"matched": common, "total": max(len(ours), len(theirs)), "identical": identical,
-            "first_divergence": None if identical else common, "max_abs_dlogprob": max(deltas, default=0.0)}
+            "first_divergence": None if identical else common, "max_abs_dlogprob": max(deltas, default=0.0),
+            "sum_abs_dlogprob": sum(deltas), "num_dlogprob": len(deltas)}
 
 
 def rouge(ours: list[str], theirs: list[str]) -> dict[str, float]:
@@ -94,28 +96,47 @@ def rouge(ours: list[str], theirs: list[str]) -> dict[str, float]:
     return {k: v / max(len(ours), 1) for k, v in totals.items()}
 
 
-def run_parity(model: str, prompts: list[str], max_tokens: int = 64, chat: bool = True, **engine_kwargs) -> dict:
+AGAINST = ("hf", "bf16")
+
+
+def run_parity(model: str, prompts: list[str], max_tokens: int = 64, chat: bool = True, against: str = "hf",
+               **engine_kwargs) -> dict:
+    """Greedy outputs of our engine (engine_kwargs) against the reference `against`: "hf" (HF
+    transformers on the same weights) or "bf16" (our engine with the same options, unquantized)."""
     from tritongen import LLM, SamplingParams
     from tritongen.fetch import resolve_model
     from tritongen.models.hf_twin import hf_greedy
 
+    if against not in AGAINST:
+        raise ValueError(f"against must be one of {AGAINST}, got {against!r}")
+    if against == "bf16" and not engine_kwargs.get("quantization"):
+        raise ValueError("eval parity --against bf16 compares a quantized engine: pass --quantization")
+    if against == "hf" and engine_kwargs.get("quantization"):
+        raise ValueError("eval parity of a --quantization engine runs --against bf16 (HF has no twin of it)")
     model = resolve_model(model)
     llm = LLM(model, **engine_kwargs)
-    hf = _hf_model(llm, model)
     tok = llm.tokenizer
     ids = _prompt_ids(tok, prompts, chat)
     eos = list(llm.engine.limits.eos_token_ids)
-    outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0))
-    per_prompt, ours_text, hf_text = [], [], []
-    for p, out in zip(ids, outs):
-        hf_ids, hf_lps = hf_greedy(hf, p, max_tokens, eos_token_id=eos or None)
-        row = compare(out.token_ids, [lp.logprob for lp in out.logprobs or []], hf_ids, hf_lps)
-        per_prompt.append(row)
-        ours_text.append(tok.decode(out.token_ids, skip_special_tokens=True))
-        hf_text.append(tok.decode(hf_ids, skip_special_tokens=True))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0)
+    outs = [(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in llm.generate(ids, params)]
     dtype = str(getattr(llm.engine.runner, "runner", llm.engine.runner).dtype).replace("torch.", "")
-    llm.shutdown()
-    return summarize_parity(model, dtype, max_tokens, per_prompt, ours_text, hf_text)
+    if against == "hf":
+        hf = _hf_model(llm, model)
+        refs = [hf_greedy(hf, p, max_tokens, eos_token_id=eos or None) for p in ids]
+        llm.shutdown()
+    else:
+        llm.shutdown()  # one engine at a time: each sizes its KV cache from the free memory
+        ref = LLM(model, **{**engine_kwargs, "quantization": None})
+        refs = [(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in ref.generate(ids, params)]
+        ref.shutdown()
+        dtype += f" {engine_kwargs['quantization']}"
+    per_prompt, ours_text, ref_text = [], [], []
+    for (our_ids, our_lps), (ref_ids, ref_lps) in zip(outs, refs):
+        per_prompt.append(compare(our_ids, our_lps, ref_ids, ref_lps))
+        ours_text.append(tok.decode(our_ids, skip_special_tokens=True))
+        ref_text.append(tok.decode(ref_ids, skip_special_tokens=True))
+    return {**summarize_parity(model, dtype, max_tokens, per_prompt, ours_text, ref_text), "against": against}
 
 
 def summarize_parity(model: str, dtype: str, max_tokens: int, rows: list[dict], ours: list[str],
@@ -129,6 +150,8 @@ def summarize_parity(model: str, dtype: str, max_tokens: int, rows: list[dict], 
         "identical_sequences": sum(r["identical"] for r in rows),
         "first_divergence": None if not divergences else {"prompt": divergences[0][0], "position": divergences[0][1]},
         "max_abs_dlogprob": max((r["max_abs_dlogprob"] for r in rows), default=0.0),
+        "mean_abs_dlogprob": (sum(r.get("sum_abs_dlogprob", 0.0) for r in rows)
+                              / max(sum(r.get("num_dlogprob", 0) for r in rows), 1)),
         "rouge": rouge(ours, theirs),
         "per_prompt": [{**r, "ours": a, "hf": b} for r, a, b in zip(rows, ours, theirs)],
     }
@@ -138,12 +161,13 @@ def format_parity(s: dict) -> str:
     div = s["first_divergence"]
     r = s["rouge"]
     return "\n".join([
-        f"eval parity: {s['model']} ({s['dtype']}), {s['num_prompts']} prompts, max_tokens {s['max_tokens']}",
+        f"eval parity: {s['model']} ({s['dtype']}) against {s.get('against', 'hf')}, {s['num_prompts']} prompts, "
+        f"max_tokens {s['max_tokens']}",
         f"token match: {s['token_match']:.1f}% ({s['matched_tokens']}/{s['total_tokens']} tokens; "
         f"{s['identical_sequences']}/{s['num_prompts']} sequences identical)",
         "first divergence: none" if div is None else
         f"first divergence: prompt {div['prompt']}, position {div['position']}",
-        f"max |Δ logprob| of chosen tokens: {s['max_abs_dlogprob']:.3g}",
+        f"|Δ logprob| of chosen tokens: max {s['max_abs_dlogprob']:.3g}, mean {s['mean_abs_dlogprob']:.3g}",
         f"ROUGE-1 {r['rouge1']:.2f}  ROUGE-2 {r['rouge2']:.2f}  ROUGE-L {r['rougeL']:.2f}  "
         f"ROUGE-Lsum {r['rougeLsum']:.2f}",
     ])
