@@ -55,8 +55,11 @@ def num_params(arch: ModelArch) -> int:
     norm = h * (2 if arch.norm_bias else 1)  # LayerNorms carry a bias
     embed = arch.vocab_size * h
     positions = arch.max_position_embeddings * h if arch.position_encoding == "learned" else 0  # GPT-2
-    return (arch.num_hidden_layers * (attn + mlp + 2 * norm) + norm + embed + positions
-            + (0 if arch.tie_word_embeddings else embed))
+    # MoE layers (Mixtral, Qwen3-MoE): every expert's gated MLP and the router instead of `mlp`.
+    moe = sum(arch.is_moe_layer(i) for i in range(arch.num_hidden_layers))
+    experts = moe * arch.num_experts * (3 * h * arch.moe_intermediate_size + h)
+    return (arch.num_hidden_layers * (attn + 2 * norm) + (arch.num_hidden_layers - moe) * mlp + experts + norm
+            + embed + positions + (0 if arch.tie_word_embeddings else embed))
 
 
 def kv_bytes_per_block(arch: ModelArch, block_size: int, dtype_bytes: int) -> int:

@@ -47,15 +47,21 @@ def matmul_params(arch: ModelArch) -> int:
     mats = 3 if arch.mlp == "gated" else 2
     mlp = mats * h * i + ((mats - 1) * i + h) * arch.mlp_bias
     norm = h * (2 if arch.norm_bias else 1)
-    layer = attn + mlp + 2 * norm
-    return arch.num_hidden_layers * layer + norm + arch.vocab_size * h
+    # MoE layers: the router and the top-k experts a token is routed to (benchmarks/moe_suite.py
+    # counts the distinct experts a whole batch reads).
+    moe = sum(arch.is_moe_layer(i) for i in range(arch.num_hidden_layers))
+    routed = moe * arch.num_experts_per_tok * 3 * h * arch.moe_intermediate_size + moe * arch.num_experts * h
+    return arch.num_hidden_layers * (attn + 2 * norm) + (arch.num_hidden_layers - moe) * mlp + routed + norm \
+        + arch.vocab_size * h
 
 
 def total_params(arch: ModelArch) -> int:
     """All parameters (the embedding counted once when lm_head shares it; GPT-2's position table)."""
     embed = arch.vocab_size * arch.hidden_size
     positions = arch.max_position_embeddings * arch.hidden_size if arch.position_encoding == "learned" else 0
-    return matmul_params(arch) + (0 if arch.tie_word_embeddings else embed) + positions
+    moe = sum(arch.is_moe_layer(i) for i in range(arch.num_hidden_layers))
+    unrouted = moe * (arch.num_experts - arch.num_experts_per_tok) * 3 * arch.hidden_size * arch.moe_intermediate_size
+    return matmul_params(arch) + unrouted + (0 if arch.tie_word_embeddings else embed) + positions
 
 
 def kv_bytes_per_token(arch: ModelArch, dtype: str) -> int:
