@@ -249,3 +249,96 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
             torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
     finally:
         llm.shutdown()
+
+
+def _triton_helpers():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "triton"))
+    import triton_helpers
+
+    return triton_helpers
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES.values()))
+def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
+    """Each MoE family behind the real OpenAI server: a greedy chat request (the tokenizer's chat
+    template) answers what the engine generates for the templated ids."""
+    import asyncio
+    import os
+    import sys
+
+    import openai
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openai"))
+    from oai_helpers import ServerThread
+
+    from tritongen import AsyncLLM
+    from tritongen.openai.server import build_app
+
+    engine = AsyncLLM(f"dummy:{preset}", tokenizer=default_model_dir, dtype="float32", device="cpu",
+                      kv_cache_memory_gb=0.02)
+    srv = ServerThread(build_app(engine, served_model_name=preset))
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
+        chat = [{"role": "user", "content": "What is the capital of France?"}]
+        r = client.chat.completions.create(model=preset, messages=chat, max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        ids = list(engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+        async def direct():
+            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+            return [o async for o in engine.generate(ids, params, request_id="direct")][-1]
+
+        want = asyncio.run(direct())
+        assert r.choices[0].message.content == want.text and r.usage.completion_tokens == 6
+        assert r.usage.prompt_tokens == len(ids)
+    finally:
+        srv.stop()
+        engine.shutdown()
+
+
+def test_triton_server_smoke(tmp_path: Path, default_model_dir) -> None:
+    """tiny-mixtral behind a real tritonserver (CPU): HTTP /generate gives the engine's greedy text."""
+    th = _triton_helpers()
+    try:
+        from tritongen.triton.launcher import TritonServer, find_tritonserver
+
+        find_tritonserver()
+        import tritonclient.http  # noqa: F401
+    except (FileNotFoundError, ImportError):
+        pytest.skip("tritonserver (nvidia-pytriton) or tritonclient is not installed")
+    from tritongen.triton.repo import write_repository
+
+    options = {**th.TINY, "model": "dummy:tiny-mixtral"}
+    prompt = "The capital of France is"
+    want = LLM(**options).generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    repo = write_repository(tmp_path / "repo", options)
+    http, grpc, metrics = th.free_ports(3)
+    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=tmp_path / "server.log",
+                          model_control="explicit", load_models=["*"], exit_timeout_s=30)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        body = {"text_input": prompt, "exclude_input_in_output": True, "max_tokens": 8, "temperature": 0.0,
+                "ignore_eos": True}
+        assert th.generate(server.http_url, "llm", body)["text_output"] == want.text
+    finally:
+        server.stop()
+        assert server.process.poll() is not None
+
+
+def test_parameter_counts_of_preflight_and_roofline(family) -> None:
+    """preflight (memory) counts every expert; the roofline's per-token count only the routed ones."""
+    from tritongen.bench import roofline
+    from tritongen.preflight import num_params
+
+    arch_name, _, _, hf = family
+    arch = read_arch(f"dummy:{FAMILIES[arch_name]}")
+    total = sum(p.numel() for p in hf.parameters())
+    assert num_params(arch) == roofline.total_params(arch) == total
+    h, i = arch.hidden_size, arch.moe_intermediate_size
+    moe_layers = sum(arch.is_moe_layer(n) for n in range(arch.num_hidden_layers))
+    idle = moe_layers * (arch.num_experts - arch.num_experts_per_tok) * 3 * h * i
+    assert roofline.matmul_params(arch) == total - idle - arch.vocab_size * h  # the embedding is gathered
