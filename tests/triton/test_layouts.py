@@ -186,3 +186,18 @@ def test_perf_metrics_token_models_and_prefix_reuse(triton):
                                                          "kv_cache_alloc_total_blocks")}
     check_perf(got, before, time.time_ns())
     assert got["kv_cache_reused_blocks"] >= 3  # the same prompt again: its full blocks come from the prefix cache
+
+
+def test_genai_perf_tensorrtllm_payloads(triton, reference_llm):
+    """What genai-perf 0.0.16 `--backend tensorrtllm` has perf_analyzer send (its converter:
+    text_input, max_tokens, exclude_input_in_output, min_length with fixed output lengths, stream
+    with --streaming; one prompt per request, batch dimension 1), unary to `ensemble` and streamed
+    to `tensorrt_llm_bls`. genai-perf itself needs a perf_analyzer binary no wheel here ships."""
+    ref = reference_llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, min_tokens=6))[0]
+    payload = {"text_input": np.array([[PROMPTS[1].encode()]], np.object_), "max_tokens": np.array([[6]], np.int32),
+               "exclude_input_in_output": np.array([[True]]), "min_length": np.array([[6]], np.int32)}
+    result = grpc()(triton.grpc).infer("ensemble", grpc_inputs(payload))
+    assert result.as_numpy("text_output").tolist() == [[ref.text.encode()]]
+    results, finals = grpc_stream(triton.grpc, "tensorrt_llm_bls", {**payload, "stream": np.array([[True]])})
+    assert finals == 1 and len(results) > 1
+    assert "".join(r.as_numpy("text_output")[0, 0].decode() for r in results) == ref.text
