@@ -206,7 +206,7 @@ def hf_on_our_weights(llm, dtype: torch.dtype):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     hf.load_state_dict(state, strict=True, assign=True)
-    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf.config, device=device)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf.config).to(device)  # computed on the CPU, as HF does
     meta = [n for n, b in hf.named_buffers() if b.is_meta]
     assert not meta, f"HF buffers left on the meta device: {meta}"
     return hf.eval()
