@@ -49,6 +49,8 @@ def test_model_control_command_lines(tmp_path):
         commands.check_model_control("none", ["llm"])
     commands.check_model_control("explicit", ["llm"])
     commands.check_model_control("poll", None)
+    with pytest.raises(commands.ServeError, match="--version-policy: version policy must be"):
+        commands.check_version_policy("latest:x")
 
 
 @pytest.fixture(scope="module")

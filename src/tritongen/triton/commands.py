@@ -91,6 +91,15 @@ def check_model_control(mode: str, load: Optional[list[str]]) -> None:
                          f"{'every model loads at start' if mode == 'none' else 'the repository decides'})")
 
 
+def check_version_policy(policy: Optional[str]) -> None:
+    from tritongen.triton.pbtxt import version_policy
+
+    try:
+        version_policy(policy)
+    except ValueError as exc:
+        raise ServeError(f"--version-policy: {exc}") from None
+
+
 def check_ports(host: str, ports: dict[str, int]) -> None:
     """Each port is free on `host` and they differ ({flag: port}); one line names the culprit."""
     seen: dict[int, str] = {}
@@ -222,6 +231,7 @@ def serve_triton(args) -> int:
     try:
         check_model(args.model)
         check_model_control(getattr(args, "model_control_mode", "explicit"), getattr(args, "load_model", None))
+        check_version_policy(getattr(args, "version_policy", None))
         check_ports(host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
                            "--metrics-port": args.metrics_port})
         return _serve_checked(args, host)
