@@ -4,9 +4,10 @@ Triton's front end, its passes and the ptxas bundled with the triton wheel. Run 
 configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.py runs it.
 
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
-SmolLM2 (9/3, head_dim 64); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the
-split-decode kernel and its reduce at the largest split count, the fused decode kernel unsplit and
-at the largest split count, every skinny GEMM candidate and every gated (gate/up + SiLU·mul) one.
+SmolLM2 (9/3, head_dim 64), Bloom-7B1 (32 heads, ALiBi, no rotary), Gemma-2-9B (16/8, head_dim
+256, logit softcap); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the fused decode
+kernel at the largest split count (with and without its KV write), every skinny GEMM candidate and
+every gated (gate/up + SiLU·mul) one.
 The PTX of kernels whose last program reduces (split-K GEMMs, split fused decode) is checked for the
 memory ordering they rely on, and the fused decode kernel's for the barrier after its KV write.
 """
@@ -30,19 +31,17 @@ from tritongen.ops import triton_gemv as tg  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = {"eps", "scale"}
+FLOAT_ARGS = {"eps", "scale", "softcap"}
 INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
-SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gemm_allreduce_add_rms_norm_kernel": {"M", "K"},
-         "_gated_gemm_kernel": {"M", "N", "K"}}
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
-FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART"}  # rope tables, split scratch
+FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART", "SLOPES"}  # rope, split scratch, ALiBi
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "COUNT", "EPOCH"}
 # kernels whose last program reduces the splits' partials -> the constexpr that counts the splits
-LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS",
-                        "_gemm_allreduce_add_rms_norm_kernel": "BLOCK_M"}  # BLOCK_M > 1: always checked
+LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS"}
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -72,6 +71,25 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
     return sig
 
 
+def _attention_configs(dtype: str, hq: int, hk: int, d: int, window: bool = False, alibi: bool = False,
+                       softcap: bool = False) -> list[tuple]:
+    """The prefill kernel's decode and prefill tiles and the fused decode kernel at the most splits
+    (RoPE families rotate and write; ALiBi ones write without rotary, or only read the cache)."""
+    out, group = [], hq // hk
+    terms = dict(ALIBI=alibi, SOFTCAP=softcap, IEEE=dtype == "fp32")
+    for use_window in (False, True) if window else (False,):
+        for block_m in (max(16, triton.next_power_of_2(group)), 64):  # decode, prefill tiles
+            out.append((ta._paged_attn_kernel, dtype, dict(
+                GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
+                USE_WINDOW=use_window, **terms)))
+        for rotary, write in ((False, True), (False, False)) if alibi else ((True, True),):
+            out.append((ta._decode_attn_kernel, dtype, dict(
+                GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
+                BLOCK_N=ta.DECODE_BLOCK_N, PAGE=16, NUM_SPLITS=ta.MAX_SPLITS, USE_WINDOW=use_window,
+                ROTARY=rotary, WRITE=write, **terms)))
+    return out
+
+
 def configs() -> list[tuple]:
     """bf16 (what the engine serves in) for every shape; float32 (the GPU correctness tests) and
     the sliding window for one shape, to keep the CPU compile time of CI down."""
@@ -84,25 +102,10 @@ def configs() -> list[tuple]:
             out.append((ta._rotary_write_kv_kernel, dtype, rope))
             out.append((ta._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
                                                          HEAD_DIM=d, BLOCK_D=d)))
-            group = hq // hk
-            for block_m in (max(16, triton.next_power_of_2(group)), 64):  # decode, prefill tiles
-                for window in (False, True) if (hq, hk) == (32, 8) else (False,):
-                    out.append((ta._paged_attn_kernel, dtype, dict(
-                        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
-                        USE_WINDOW=window, IEEE=dtype == "fp32")))
-            for window in (False, True) if (hq, hk) == (32, 8) else (False,):  # split decode, most splits
-                out.append((ta._decode_split_kernel, dtype, dict(
-                    GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
-                    BLOCK_N=ta.DECODE_BLOCK_N, PAGE=16, NUM_SPLITS=ta.MAX_SPLITS, USE_WINDOW=window,
-                    IEEE=dtype == "fp32")))
-            out.append((ta._decode_reduce_kernel, dtype, dict(HEAD_DIM=d, BLOCK_D=max(16, d),
-                                                              NUM_SPLITS=ta.MAX_SPLITS)))
-            for splits in (1, ta.MAX_SPLITS):  # fused decode: large batches unsplit, batch 1 most splits
-                for window in (False, True) if (hq, hk) == (32, 8) else (False,):
-                    out.append((ta._decode_attn_kernel, dtype, dict(
-                        GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
-                        BLOCK_N=ta.DECODE_BLOCK_N, PAGE=16, NUM_SPLITS=splits, USE_WINDOW=window,
-                        IEEE=dtype == "fp32")))
+            out += _attention_configs(dtype, hq, hk, d, window=(hq, hk) == (32, 8))
+        if dtype == "bf16":
+            out += _attention_configs(dtype, 32, 32, 128, alibi=True)  # Bloom-7B1
+            out += _attention_configs(dtype, 16, 8, 256, softcap=True)  # Gemma-2-9B
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
             out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
@@ -114,11 +117,6 @@ def configs() -> list[tuple]:
                         dict(num_warps=8)))
             out.append((tl_._lamport_kernel, dtype, dict(RANK=rank, WORLD=2, WORLD_POW2=2, BITS=16, TIMEOUT=True,
                                                          BLOCK=8192), dict(num_warps=8)))
-            for c in tg.candidates(torch.bfloat16)[:2]:  # + the row-parallel GEMM
-                out.append((tar._gemm_allreduce_add_rms_norm_kernel, dtype, dict(
-                    RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, BLOCK_M=16, BLOCK_N=c["block_n"],
-                    BLOCK_K=c["block_k"], IEEE=False, TIMEOUT=one_row, BLOCK=8192),
-                    dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
@@ -167,7 +165,7 @@ def main() -> int:
             splits = constexprs.get(LAST_PROGRAM_REDUCES.get(kernel.fn.__name__), 1)
             if splits > 1 and not partials_published(compiled.asm["ptx"]):
                 raise RuntimeError("split partial stores not followed by bar.sync + atom.acq_rel.gpu in the PTX")
-            if kernel is ta._decode_attn_kernel and not kv_write_fenced(compiled.asm["ptx"]):
+            if kernel is ta._decode_attn_kernel and constexprs["WRITE"] and not kv_write_fenced(compiled.asm["ptx"]):
                 raise RuntimeError("KV write not followed by bar.sync before the key tiles are loaded")
             print(f"ok     {label}: cubin {size} bytes, shared {shared}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
