@@ -174,12 +174,16 @@ def gpu_mem_gb() -> float:
 
 def hf_from_state(state: dict, arch, dtype, device, attn_implementation: str = "sdpa"):
     """Like models.hf_twin.hf_twin, but allocated on `device` directly: a 13B twin built on the CPU
-    takes minutes to initialise and 26 GB of host memory."""
+    takes minutes to initialise and 26 GB of host memory. Classes without SDPA attention (Bloom)
+    get their eager one."""
     import torch
     import transformers
 
     d = arch.to_hf_config()
     config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    cls = transformers.AutoModelForCausalLM._model_mapping[type(config)]
+    if attn_implementation == "sdpa" and not getattr(cls, "_supports_sdpa", True):
+        attn_implementation = "eager"
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                            attn_implementation=attn_implementation)

@@ -77,7 +77,8 @@ def _padded_generate(hf, reqs: list[BenchRequest], chunk: int = 16) -> dict:
 def _offline_peer(ctx: SuiteContext, model: str, subset: list[BenchRequest]) -> dict:
     hf = ctx.hf_peer(model)
     ctx.log(f"offline {model}: HF peer on {len(subset)} requests")
-    if hasattr(hf, "continuous_batching_context_manager"):
+    # Continuous batching runs on transformers' attention interface (paged); Bloom's ALiBi attention is its own.
+    if hasattr(hf, "continuous_batching_context_manager") and getattr(type(hf), "_supports_attention_backend", True):
         from tritongen.bench.hf_bench import hf_throughput
 
         res = hf_throughput(hf, subset, tokenizer=None, attn="paged|sdpa")
@@ -85,7 +86,7 @@ def _offline_peer(ctx: SuiteContext, model: str, subset: list[BenchRequest]) -> 
                          "each request its own max_new_tokens")
     else:
         res = _padded_generate(hf, subset)
-        res["method"] = "padded batched generate, chunks of 16 (no continuous batching in this transformers)"
+        res["method"] = "padded batched generate, chunks of 16 (no continuous batching for this class here)"
     del hf
     free_memory()
     ctx.log(f"offline {model}: HF {res['output_tok_s']:.1f} out tok/s ({res['method']})")
