@@ -130,7 +130,8 @@ class PickerRouter:
         sizes = [s.block_size for s in states.values() if s.block_size]
         return max(MIN_BLOCK_TOKENS, sizes[0] if sizes else self.default_block_tokens)
 
-    def scores(self, prompt: str, states: dict[str, ReplicaState], hashes: list[int]) -> dict[str, float]:
+    def scores(self, hashes: list[int], states: dict[str, ReplicaState]) -> dict[str, float]:
+        """Each replica's total for a prompt whose block hashes are `hashes`."""
         w_prefix, w_queue, w_kv = self.weights
         total = len(hashes) or 1
         lo = min(s.waiting for s in states.values())
@@ -144,7 +145,7 @@ class PickerRouter:
 
     def pick(self, prompt: str, states: dict[str, ReplicaState]) -> str:
         hashes = block_hashes(prompt, self.model, self._block_tokens(states))
-        scores = self.scores(prompt, states, hashes)
+        scores = self.scores(hashes, states)
         best = max(scores.values())
         url = self._rng.choice(sorted(u for u, s in scores.items() if s == best))
         self.index.record(url, hashes, states[url].num_gpu_blocks or self.default_capacity)
