@@ -33,6 +33,7 @@ from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
 
+DENSE_PRESETS = ("tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3")
 HF_FAMILIES = {"Gemma2ForCausalLM": "tiny-gemma2", "Gemma3ForCausalLM": "tiny-gemma3", "Phi3ForCausalLM": "tiny-phi3"}
 MAX_TOKENS = 10
 PROMPT_LENGTHS = (1, 3, 9, 25, 41)  # one token, one block, several, two and three prefill chunks
@@ -250,7 +251,7 @@ def test_baichuan_variants_from_hub_configs() -> None:
 # -- refusals ---------------------------------------------------------------------------------------
 
 def test_tensor_parallel_refuses_the_dense_families() -> None:
-    for preset in ("tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"):
+    for preset in DENSE_PRESETS:
         with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only"):
             validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
         validate_tensor_parallel(read_arch(f"dummy:{preset}"), 1)
@@ -299,7 +300,7 @@ def test_hf_twin_of_baichuan_7b_is_llama_and_13b_is_refused(tmp_path) -> None:
         hf_twin(net13, arch13)
 
 
-@pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"])
+@pytest.mark.parametrize("preset", DENSE_PRESETS)
 def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
     """Each family behind the real OpenAI server (uvicorn on 127.0.0.1): a greedy chat request
     (the tokenizer's chat template) answers what the engine generates for the templated ids."""
@@ -337,7 +338,7 @@ def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
         engine.shutdown()
 
 
-@pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"])
+@pytest.mark.parametrize("preset", DENSE_PRESETS)
 def test_fuse_projections_keeps_outputs_and_checkpoint_names(preset: str) -> None:
     """What the GPU runner does at load (stack q/k/v and gate/up): the same hidden states (GeGLU
     splits the stacked gate/up itself), and hf_state_dict still gives the checkpoint's names."""
@@ -357,3 +358,45 @@ def test_fuse_projections_keeps_outputs_and_checkpoint_names(preset: str) -> Non
 
     with torch.no_grad():
         torch.testing.assert_close(fused(ids, pos, kv(), meta), plain(ids, pos, kv(), meta), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_server_smoke(tmp_path) -> None:
+    """Baichuan (the seed deployment's family) and Gemma 2 behind one real tritonserver (CPU,
+    127.0.0.1, one decoupled engine model each, their BLS fronts left unloaded): greedy /generate
+    equals LLM.generate. The Triton adapters are family-agnostic, and each model costs a stub
+    (~10-20 s to load on two cores), so the other families are served by the OpenAI smoke only."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "triton"))
+    from triton_helpers import TINY, free_ports, generate, port_is_free
+
+    try:
+        from tritongen.triton.launcher import TritonServer, find_tritonserver
+
+        find_tritonserver()
+    except (FileNotFoundError, ImportError):
+        pytest.skip("tritonserver (nvidia-pytriton) is not installed")
+    from tritongen.triton.repo import write_repository
+
+    served = ("tiny-baichuan", "tiny-gemma2")
+    options = {p: {**TINY, "model": f"dummy:{p}", "num_blocks": 64} for p in served}
+    for preset, opts in options.items():
+        write_repository(tmp_path / "repo", opts, name=preset)
+    ports = free_ports(3)
+    server = TritonServer(tmp_path / "repo", http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                          log_file=tmp_path / "server.log", model_control="explicit", load_models=list(served),
+                          exit_timeout_s=10)
+    server.start()
+    prompt = "The capital of France is"
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    try:
+        server.wait_ready(timeout=float(os.environ.get("TRITONGEN_TEST_READY_TIMEOUT", "300")))
+        for preset, opts in options.items():
+            want = LLM(**opts).generate([prompt], params)[0]
+            body = {"text_input": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
+                    "exclude_input_in_output": True}
+            assert generate(server.http_url, preset, body)["text_output"] == want.text, preset
+    finally:
+        server.stop()
+    assert server.process.poll() is not None and all(port_is_free(p) for p in ports)
