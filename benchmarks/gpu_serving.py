@@ -127,7 +127,7 @@ def run_load(kind: str, url: str, tokenizer, requests: list, args: argparse.Name
     """One closed-loop run at --concurrency; the bench summary plus client_cpu."""
     from tritongen.bench.loadgen import LoadShape, run_serve_benchmark
     from tritongen.bench.results import summarize
-    from tritongen.bench.targets import make_target
+    from tritongen.bench.target_kinds import make_target
 
     target = make_target(kind, url, None, tokenizer, args.concurrency, args.request_timeout)
     shape = LoadShape(concurrency=args.concurrency, max_duration=args.max_duration, grace=30.0,

@@ -25,6 +25,9 @@ class ModelConfig:
     """Disable CUDA graphs for decode steps (always run eager PyTorch)."""
     attention_backend: str = "auto"
     """reference | triton | auto (Triton kernels on CUDA when the triton package is installed)."""
+    fused_silu_mul: bool = True
+    """Triton backend: let the MLP's stacked gate/up GEMM apply SiLU·mul in its epilogue for decode
+    batches where that measures faster at load than the GEMM and the SiLU·mul kernel."""
     quantization: Optional[str] = None
     """fp8: quantize the linear layers (not lm_head) of a bf16/fp16 checkpoint to FP8 e4m3 at load,
     per output channel. Unset: the checkpoint's own dtype, or its quantization_config for FP8
@@ -62,7 +65,20 @@ class ParallelConfig:
     """GPUs (or, on CPU, gloo processes) one model is split over; ranks 1.. run in worker processes."""
     disable_custom_all_reduce: bool = False
     """Tensor parallelism on CUDA: NCCL for every all-reduce instead of the symmetric-memory kernels
-    (as TRITONGEN_SYMMETRIC_ALLREDUCE=0; vLLM's flag of the same name)."""
+    (vLLM's flag of the same name)."""
+    fused_all_reduce_rows: Optional[int] = None
+    """Tensor parallelism with the Triton kernels: batches up to this many rows reduce inside the next
+    RMSNorm's kernel (all-reduce + residual add + RMSNorm in one launch); 0: torch's two-shot kernel
+    and a separate add + RMSNorm. Unset: 512."""
+    lamport_all_reduce: Optional[bool] = None
+    """The fused all-reduce's protocol for small batches: on = the Lamport kernel (one NVLink trip;
+    up to 128 rows), off = the flag handshake. Unset: both are timed at load and the faster serves."""
+    tp_timeout_s: float = 600.0
+    """How long a rank waits for the others (start-up, every collective, the fused all-reduce
+    kernels) before it fails instead of hanging."""
+    log_level: Optional[str] = None
+    """Log level of the engine's child processes (engine process, tensor-parallel workers), e.g.
+    INFO or DEBUG. Unset: the engine process takes its parent's level, the workers INFO."""
     engine_process: Optional[bool] = None
     """Servers (AsyncLLM): run the engine loop in a child process, so that the frontend's per-token
     work (Triton responses, SSE chunks) does not share a GIL with the engine's host work. Unset:

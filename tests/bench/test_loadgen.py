@@ -9,7 +9,8 @@ from fake_servers import FakeOpenAIServer
 from tritongen.bench.datasets import BenchRequest
 from tritongen.bench.loadgen import LoadShape, run_serve_benchmark
 from tritongen.bench.results import summarize
-from tritongen.bench.targets import OpenAITarget, make_target
+from tritongen.bench.target_kinds import make_target
+from tritongen.bench.targets import OpenAITarget
 from tritongen.cli import main
 
 

@@ -11,7 +11,8 @@ from fake_triton_grpc import FakeTritonGrpcServer, decode_inputs  # noqa: E402
 
 from tritongen.bench.datasets import BenchRequest  # noqa: E402
 from tritongen.bench.loadgen import LoadShape, run_serve_benchmark  # noqa: E402
-from tritongen.bench.targets import TargetError, make_target, sampling_fields  # noqa: E402
+from tritongen.bench.target_kinds import make_target  # noqa: E402
+from tritongen.bench.targets import TargetError, sampling_fields  # noqa: E402
 from tritongen.bench.triton_grpc import STREAMS_ENV, TritonGrpcTarget, stream_count  # noqa: E402
 
 

@@ -16,8 +16,7 @@ if not (torch.cuda.is_available() or INTERPRET):
 pytest.importorskip("triton")
 
 from tritongen.ops import reference  # noqa: E402
-from tritongen.ops.triton_allreduce import allreduce_add_rms_norm, gemm_allreduce_add_rms_norm  # noqa: E402
-from tritongen.ops.triton_gemv import skinny_linear  # noqa: E402
+from tritongen.ops.triton_allreduce import allreduce_add_rms_norm  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 SLOTS, MAX_ROWS, HIDDEN = 4, 9, 48
@@ -74,53 +73,6 @@ def test_rejects_empty_and_unaligned_rows():
         allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 0, 0, residual[:0], weight, 1e-6, 0)
     with pytest.raises(ValueError, match="16-byte aligned"):
         allreduce_add_rms_norm(ptrs, flag_ptrs, epochs[0], 3, 1, residual[:1], weight, 1e-6, 0)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_n", [16, 32])
-def test_gemm_and_all_reduce_in_one_launch(dtype, block_n):
-    """Each rank's GEMM tiles land in its buffer, the last program reduces: the same as the
-    all-reduce kernel over partial sums from the skinny GEMM with the same configuration."""
-    if INTERPRET and dtype is torch.bfloat16:
-        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
-    g = torch.Generator().manual_seed(1)
-    bufs, flags, epochs, ptrs, flag_ptrs = _ranks(dtype)
-    counts = [torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-    cfg = dict(block_n=block_n, block_k=32, num_warps=4, num_stages=2)
-    k = 40  # K not a multiple of block_k: the last K tile is masked
-    norm_weight = torch.randn(HIDDEN, generator=g).to(DEVICE, dtype)
-    shards = [torch.randn(HIDDEN, k, generator=g).to(DEVICE, dtype) / k ** 0.5 for _ in range(2)]
-    for call, rows in enumerate((1, 3, 2)):
-        half = call % 2
-        xs = [torch.randn(rows, k, generator=g).to(DEVICE, dtype) for _ in range(2)]
-        residual = torch.randn(rows, HIDDEN, generator=g).to(DEVICE, dtype)
-        parts = [skinny_linear(x, w, **cfg) for x, w in zip(xs, shards)]
-        bufs[1][half, :rows] = parts[1]  # as if rank 1's kernel had run first: its tiles, its signal
-        flags[0][1, 0] = epochs[0][0] + 1
-        got = [gemm_allreduce_add_rms_norm(xs[r], shards[r], cfg, ptrs, flag_ptrs, epochs[r], counts[r],
-                                           half * MAX_ROWS * HIDDEN, residual, norm_weight, 1e-6, r)
-               for r in range(2)]
-        for r in range(2):
-            assert torch.equal(bufs[r][half, :rows], parts[r])  # the tiles, stored by the programs
-            assert counts[r].item() == 0  # reset by the last program
-        _assert_ranks_agree_with_the_sum(got, parts, residual, norm_weight)
-        assert flags[1][0, 0].item() == epochs[0][0].item() == call + 1  # one slot per launch
-    assert epochs[0][1:].eq(0).all()
-
-
-def test_gemm_all_reduce_rejects_what_it_cannot_run():
-    bufs, _, epochs, ptrs, flag_ptrs = _ranks(torch.float32)
-    count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    residual = torch.zeros(1, HIDDEN, device=DEVICE)
-    norm_weight = torch.ones(HIDDEN, device=DEVICE)
-    cfg = dict(block_n=16, block_k=32, num_warps=4, num_stages=2)
-    args = (ptrs, flag_ptrs, epochs[0], count, 0, residual, norm_weight, 1e-6, 0)
-    with pytest.raises(ValueError, match="x \\[1..16, K\\]"):
-        gemm_allreduce_add_rms_norm(torch.zeros(17, 8, device=DEVICE), torch.zeros(HIDDEN, 8, device=DEVICE), cfg,
-                                    *args)
-    with pytest.raises(ValueError, match="single-pass"):
-        gemm_allreduce_add_rms_norm(torch.zeros(1, 8, device=DEVICE), torch.zeros(HIDDEN, 8, device=DEVICE),
-                                    {**cfg, "split_k": 4}, *args)
 
 
 _LONELY_RANK = """

@@ -490,13 +490,12 @@ def test_gated_gemm_matches_the_unfused_reference(dtype, m, n, k, block_n, block
 
 def test_gated_selection_follows_the_agreed_timings_against_the_unfused_pair(monkeypatch):
     """The fused kernel replaces the GEMM + SiLU·mul pair where it is faster by GATED_MIN_GAIN, on the
-    timings the ranks agree on; the choice is what gated_config_for answers."""
+    timings the ranks agree on; the choice is what config_for answers from the returned table."""
     from tritongen.ops import triton_gemv
 
-    monkeypatch.setattr(triton_gemv, "_gated", {})
     n_cfg = len(triton_gemv.gated_candidates(torch.float32))
     monkeypatch.setattr(triton_gemv, "_time_gated_case",
-                        lambda case, group: [40.0] + [39.0 if i == 1 else 60.0 for i in range(n_cfg)])
+                        lambda case, group, gemm: [40.0] + [39.0 if i == 1 else 60.0 for i in range(n_cfg)])
     w64, w48 = torch.zeros(64, 32), torch.zeros(48, 32)
 
     def agree(times):  # over the ranks the 48-row stack at 1 row only just misses the bound
@@ -506,46 +505,40 @@ def test_gated_selection_follows_the_agreed_timings_against_the_unfused_pair(mon
 
     made = triton_gemv.select_gated_kernels([w64, w48], agree=agree)
     second = triton_gemv.gated_candidates(torch.float32)[1]
-    assert made[(64, 32, torch.float32, 1)] == second == triton_gemv.gated_config_for(w64, 1)
-    assert triton_gemv.gated_config_for(w64, triton_gemv.MAX_ROWS) == second
-    assert made[(48, 32, torch.float32, 1)] is None and triton_gemv.gated_config_for(w48, 1) is None
+    assert made[(64, 32, torch.float32, 1)] == second == triton_gemv.config_for(made, w64, 1)
+    assert triton_gemv.config_for(made, w64, triton_gemv.MAX_ROWS) == second
+    assert made[(48, 32, torch.float32, 1)] is None and triton_gemv.config_for(made, w48, 1) is None
     assert all(c["split_k"] == 1 for c in triton_gemv.gated_candidates(torch.bfloat16))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="selection times kernels in CUDA graphs")
 def test_gated_selection_on_the_gpu_and_dispatch_follows_it(monkeypatch):
     """select_gated_kernels times the real pair and candidates; kernels.gated_linear takes the fused
-    kernel only where a configuration was chosen and no bias is added, with the same result."""
+    kernel only where the engine's choices hold a configuration and no bias is added, with the
+    same result."""
     from tritongen.ops import kernels, triton_gemv
 
-    monkeypatch.setattr(triton_gemv, "_gated", {})
     weights = [torch.randn(2 * 1024, 512, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5 for _ in range(4)]
     made = triton_gemv.select_gated_kernels(weights)
     assert set(made) == {(2048, 512, torch.bfloat16, r) for r in (1, triton_gemv.MAX_ROWS)}
     assert all(c is None or c in triton_gemv.gated_candidates(torch.bfloat16) for c in made.values())
 
-    _triton_dispatch(monkeypatch)
     w, x = weights[0], torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
-    triton_gemv._gated.clear()
-    unfused = kernels.gated_linear(x, w)
-    triton_gemv._gated[(2048, 512, torch.bfloat16, 1)] = triton_gemv.gated_candidates(torch.bfloat16)[0]
+    with kernels.active(kernels.KernelChoices(triton=True)):
+        unfused = kernels.gated_linear(x, w)
+    choices = kernels.KernelChoices(triton=True, gated={(2048, 512, torch.bfloat16, 1):
+                                                        triton_gemv.gated_candidates(torch.bfloat16)[0]})
     calls = []
     real = triton_gemv.gated_linear
     monkeypatch.setattr(triton_gemv, "gated_linear", lambda x, w, c: calls.append(c) or real(x, w, c))
-    fused = kernels.gated_linear(x, w)
+    with kernels.active(choices):
+        fused = kernels.gated_linear(x, w)
+        assert len(calls) == 1
+        kernels.gated_linear(torch.randn(2, 512, device="cuda", dtype=torch.bfloat16), w)  # 8-row bucket: none
+        kernels.gated_linear(x, w, torch.zeros(2048, device="cuda", dtype=torch.bfloat16))  # bias: unfused
+    kernels.gated_linear(x, w)  # outside the engine's block: the process default, no choices
     assert len(calls) == 1
     torch.testing.assert_close(fused.float(), unfused.float(), atol=3e-2, rtol=3e-2)
-    kernels.gated_linear(torch.randn(2, 512, device="cuda", dtype=torch.bfloat16), w)  # 8-row bucket: none
-    kernels.gated_linear(x, w, torch.zeros(2048, device="cuda", dtype=torch.bfloat16))  # bias: unfused
-    assert len(calls) == 1
-
-
-def _triton_dispatch(monkeypatch) -> None:
-    """kernels.use_triton(True) for this test only (monkeypatch restores the dispatch afterwards)."""
-    from tritongen.ops import kernels, triton_elementwise, triton_gemv
-
-    monkeypatch.setattr(kernels, "_impl", triton_elementwise)
-    monkeypatch.setattr(kernels, "_gemv", triton_gemv)
 
 
 def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
@@ -567,7 +560,6 @@ def test_decode_linear_runs_every_candidate_and_keeps_leading_dims():
 def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     from tritongen.ops import kernels, triton_gemv
 
-    monkeypatch.setattr(triton_gemv, "_choices", {})
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for n, k in ((4096, 4096), (1024, 256))
                for _ in range(4)]
     made = triton_gemv.select_kernels(weights)
@@ -576,15 +568,14 @@ def test_selection_decides_per_shape_and_dispatch_follows_it(monkeypatch):
     made32 = triton_gemv.select_kernels([w.float() for w in weights[:2]])  # fits shared memory too
     assert all(c is None or c in triton_gemv.candidates(torch.float32) for c in made32.values())
 
-    _triton_dispatch(monkeypatch)
     cfg = triton_gemv.CANDIDATES[0]
-    triton_gemv._choices.clear()
-    triton_gemv._choices[(64, 32, torch.float32, 1)] = cfg
     calls = []
     monkeypatch.setattr(triton_gemv, "linear", lambda x, w, c, b=None, out=None: calls.append((x.shape[0], c)) or x @ w.T)
     w = torch.randn(64, 32, device="cuda")
-    for rows in (1, 2, triton_gemv.MAX_ROWS + 1):
-        kernels.linear(torch.randn(rows, 32, device="cuda"), w)
+    with kernels.active(kernels.KernelChoices(triton=True, gemm={(64, 32, torch.float32, 1): cfg})):
+        for rows in (1, 2, triton_gemv.MAX_ROWS + 1):
+            kernels.linear(torch.randn(rows, 32, device="cuda"), w)
+    kernels.linear(torch.randn(1, 32, device="cuda"), w)  # another engine's (here: no) choices
     assert calls == [(1, cfg)]  # 2 rows: the 8-row bucket has no choice; 9 rows: always cuBLAS
 
 
@@ -593,7 +584,6 @@ def test_selection_decides_on_the_timings_the_ranks_agree_on(monkeypatch):
     this process's own, so every rank picks the same kernels."""
     from tritongen.ops import triton_gemv
 
-    monkeypatch.setattr(triton_gemv, "_choices", {})
     n_cfg = len(triton_gemv.candidates(torch.float32))
     # Locally the first candidate wins everywhere (9 us against cuBLAS 10 us)...
     monkeypatch.setattr(triton_gemv, "_time_case", lambda case, group: [10.0, 9.0] + [50.0] * (n_cfg - 1))

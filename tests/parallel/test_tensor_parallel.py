@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 import tp_worker
+from tritongen.config import ParallelConfig
 from tritongen.models.arch import ModelArch
 from tritongen.models.presets import PRESETS
 from tritongen.parallel.tensor_parallel import kv_heads_per_rank, shard_model, validate_tensor_parallel
@@ -103,7 +104,7 @@ def test_shard_model_errors() -> None:
         shard_model(net, rank=0, world_size=1)
 
 
-def test_symmetric_buffer_views_and_when_it_is_wanted(monkeypatch) -> None:
+def test_symmetric_buffer_views_and_when_it_is_wanted() -> None:
     from tritongen.parallel import symmetric
 
     sym = symmetric.SymmetricAllReduce(torch.zeros(12), "g")
@@ -112,8 +113,15 @@ def test_symmetric_buffer_views_and_when_it_is_wanted(monkeypatch) -> None:
     assert not symmetric.wanted(torch.device("cpu"), 2)
     assert not symmetric.wanted(torch.device("cuda", 0), 1)
     assert symmetric.wanted(torch.device("cuda", 0), 2)
-    monkeypatch.setenv("TRITONGEN_SYMMETRIC_ALLREDUCE", "0")
-    assert not symmetric.wanted(torch.device("cuda", 0), 2)
+    assert sym.timeout_s == symmetric.DEFAULT_TIMEOUT_S == ParallelConfig().tp_timeout_s
+
+
+def test_the_shard_takes_the_all_reduce_options_from_the_parallel_config() -> None:
+    from tritongen.parallel.tensor_parallel import Shard
+
+    assert Shard(0, 2).custom_all_reduce
+    shard = Shard(1, 2, config=ParallelConfig(disable_custom_all_reduce=True, tp_timeout_s=5.0))
+    assert not shard.custom_all_reduce and shard.config.tp_timeout_s == 5.0
 
 
 def test_linear_into_an_output_buffer() -> None:
@@ -147,32 +155,6 @@ def test_fused_partial_sums_must_be_reduced_by_the_next_norm() -> None:
     assert second.data_ptr() == sym.fused[1].data_ptr()
 
 
-def test_small_batches_leave_the_row_parallel_gemm_to_the_reducing_kernel(monkeypatch) -> None:
-    from tritongen.ops import kernels
-    from tritongen.parallel import symmetric
-
-    hidden = 4
-    sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, 32, hidden))
-    assert sym.gemm_rows == symmetric.DEFAULT_GEMM_ROWS
-    sym.gemm_rows = 4  # as TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS=4 sets it
-    cfg = dict(block_n=32, block_k=128, num_warps=4, num_stages=3, split_k=1)
-    monkeypatch.setattr(kernels, "single_pass_gemm_config", lambda w, rows: cfg if rows <= 16 else None)
-    seen = []
-    monkeypatch.setattr(sym, "_reduce_add_rms_norm", lambda x, half, gemm, *rest: seen.append((half, gemm)))
-    w = torch.zeros(hidden, 6)
-    x = torch.zeros(sym.gemm_rows + 1, 6)
-    assert not sym.defer_gemm(x[:1], w)  # nothing handed out by `partial`: nothing to defer
-    part = sym.partial(0, sym.gemm_rows + 1, hidden)
-    assert not sym.defer_gemm(x, w)  # more rows than gemm_rows: the layer runs its GEMM itself
-    sym.reduce_add_rms_norm(part, part, w[:, 0], 1e-6)
-    part = sym.partial(1, 1, hidden)
-    assert sym.defer_gemm(x[:1], w)
-    sym.reduce_add_rms_norm(part, part, w[:, 0], 1e-6)
-    assert seen[0] == (0, None)
-    assert seen[1][0] == 1 and seen[1][1][1] is w and seen[1][1][2] is cfg
-    assert sym._gemm is None and sym._pending is None  # consumed
-
-
 def test_lamport_kernel_serves_the_batch_sizes_where_it_was_measured_faster() -> None:
     from tritongen.parallel.calibrate import LAMPORT_MIN_GAIN, lamport_rows
 
@@ -186,18 +168,13 @@ def test_lamport_kernel_serves_the_batch_sizes_where_it_was_measured_faster() ->
     assert lamport_rows([], [], [], True) == 0
 
 
-def test_lamport_mode_and_dispatch_by_rows(monkeypatch) -> None:
+def test_lamport_dispatch_by_rows(monkeypatch) -> None:
     from tritongen.ops import triton_allreduce, triton_lamport
     from tritongen.parallel import symmetric
 
-    for value, mode in (("1", "on"), ("on", "on"), ("0", "off"), ("OFF", "off"), ("auto", "auto"), ("", "auto")):
-        monkeypatch.setenv("TRITONGEN_LAMPORT_ALLREDUCE", value)
-        assert symmetric._lamport_mode() == mode, value
-    monkeypatch.delenv("TRITONGEN_LAMPORT_ALLREDUCE")
-    assert symmetric._lamport_mode() == "auto"
     hidden = 4
     zeros = torch.zeros(4, dtype=torch.int32)
-    peers = symmetric.Peers(0, zeros.long(), zeros.long(), zeros, zeros[:1], inbox=64, lamport_epoch=zeros.clone(),
+    peers = symmetric.Peers(0, zeros.long(), zeros.long(), zeros, inbox=64, lamport_epoch=zeros.clone(),
                             lamport_rows=2)
     sym = symmetric.SymmetricAllReduce(torch.zeros(8), "g", torch.zeros(2, 8, hidden), peers)
     seen = []

@@ -13,7 +13,7 @@ from proc_helpers import pid_alive, wait_until
 from triton_helpers import TINY, free_ports, generate, http_post, stub_pids
 
 
-def _children(pid: int, module: bytes = b"tritongen.parallel.worker") -> list[int]:
+def _children(pid: int, module: bytes = b"tritongen.runner.tp_worker") -> list[int]:
     """PIDs of the processes whose parent is `pid` and that run `module`."""
     found = []
     for entry in os.listdir("/proc"):
@@ -31,7 +31,7 @@ def _children(pid: int, module: bytes = b"tritongen.parallel.worker") -> list[in
     return found
 
 
-def _workers(repo, module: bytes = b"tritongen.parallel.worker") -> list[int]:
+def _workers(repo, module: bytes = b"tritongen.runner.tp_worker") -> list[int]:
     return [w for stub in stub_pids(repo) for w in _children(stub, module)]
 
 

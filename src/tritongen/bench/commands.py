@@ -27,7 +27,7 @@ def _concurrency_levels(args: argparse.Namespace) -> list[Optional[int]]:
 def _run_level(args, requests, tokenizer, concurrency: Optional[int], slos: dict) -> tuple[dict, list]:
     from tritongen.bench.loadgen import LoadShape, run_serve_benchmark
     from tritongen.bench.results import summarize
-    from tritongen.bench.targets import make_target
+    from tritongen.bench.target_kinds import make_target
 
     rate = args.request_rate or math.inf
     target = make_target(args.target, args.url, args.model, tokenizer, concurrency or len(requests),
@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub) -> None:
-    from tritongen.bench.targets import TARGETS
+    from tritongen.bench.target_kinds import TARGETS
 
     p = sub.add_parser("serve", help="load a running server (OpenAI API or Triton) and report latency/throughput")
     p.add_argument("--target", choices=TARGETS, default="openai")

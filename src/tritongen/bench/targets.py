@@ -8,6 +8,7 @@ ignore_eos, greedy), so lengths do not depend on what the model writes.
   triton-http  POST /v2/models/<model>/generate_stream, SSE stream
   triton-bls   POST /v2/models/<model>/generate (non-streaming front, default model llm_bls)
   triton-grpc  a pool of gRPC streams (grpc.aio, Triton protobufs), see triton_grpc.py
+make_target (bench/target_kinds.py) picks one by name.
 """
 from __future__ import annotations
 
@@ -16,15 +17,6 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 from tritongen.bench.datasets import BenchRequest, prompt_text
-
-TARGETS = ("openai", "triton-grpc", "triton-http", "triton-bls")
-DEFAULT_URLS = {
-    "openai": "http://127.0.0.1:9000",
-    "triton-grpc": "127.0.0.1:8001",
-    "triton-http": "http://127.0.0.1:8000",
-    "triton-bls": "http://127.0.0.1:8000",
-}
-
 
 @dataclass
 class Chunk:
@@ -243,19 +235,3 @@ class TritonBlsTarget(_HttpTarget):
         r = await self.client.post(url, json=_triton_fields(req, self.tokenizer, False))
         await _raise_for_status(r)
         yield _triton_chunk(r.json())
-
-
-def make_target(kind: str, url: Optional[str], model: Optional[str], tokenizer, concurrency: int,
-                timeout: float, stream: bool = True, api_key: Optional[str] = None) -> Target:
-    url = url or DEFAULT_URLS.get(kind, "")
-    if kind == "openai":
-        return OpenAITarget(url, model, tokenizer, concurrency, timeout, stream=stream, api_key=api_key)
-    if kind == "triton-http":
-        return TritonHttpTarget(url, model, tokenizer, concurrency, timeout)
-    if kind == "triton-bls":
-        return TritonBlsTarget(url, model, tokenizer, concurrency, timeout)
-    if kind == "triton-grpc":
-        from tritongen.bench.triton_grpc import TritonGrpcTarget
-
-        return TritonGrpcTarget(url, model, tokenizer, timeout, concurrency=concurrency)
-    raise ValueError(f"unknown target {kind!r}; choose from {', '.join(TARGETS)}")

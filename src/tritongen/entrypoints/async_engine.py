@@ -26,7 +26,7 @@ from typing import AsyncIterator, Callable, Optional, Union
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
 from tritongen.entrypoints.engine_loop import rebuild, run_engine_loop
-from tritongen.entrypoints.engine_process import OutputAccumulator, RemoteEngine
+from tritongen.entrypoints.engine_process import AbortRequest, AddRequest, OutputAccumulator, RemoteEngine, StopEngine
 from tritongen.types import RequestOutput, SamplingParams, merge_outputs
 
 logger = logging.getLogger(__name__)
@@ -41,14 +41,6 @@ class EngineDeadError(RuntimeError):
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-@dataclass
-class _Add:
-    request_id: str
-    token_ids: list[int]
-    params: SamplingParams
-    prompt: Optional[str]
 
 
 def wants_engine_process(device: Optional[str]) -> bool:
@@ -174,7 +166,7 @@ class AsyncLLM:
         finished = False
         deferred: Optional[BaseException] = None
         try:
-            self._commands.put(_Add(request_id, ids, params, prompt if isinstance(prompt, str) else None))
+            self._commands.put(AddRequest(request_id, ids, params, prompt if isinstance(prompt, str) else None))
             while not finished:
                 item = deferred or await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -328,7 +320,7 @@ class AsyncLLM:
                 return True
 
     def _apply(self, cmd: object) -> None:
-        if isinstance(cmd, _Add):
+        if isinstance(cmd, AddRequest):
             with self._lock:
                 wanted = cmd.request_id in self._streams
             if not wanted:
@@ -400,18 +392,18 @@ class _Forwarder:
 
     def put(self, cmd: object) -> None:
         try:
-            if isinstance(cmd, _Add):
+            if isinstance(cmd, AddRequest):
                 self.accumulators[cmd.request_id] = OutputAccumulator(cmd.request_id, cmd.token_ids, cmd.prompt)
-                self.engine.send(("add", cmd.request_id, cmd.token_ids, cmd.params, cmd.prompt))
+                self.engine.send(cmd)
             elif isinstance(cmd, _Abort):
                 token = next(self._tokens)
                 if cmd.done is not None:
                     self.acks[token] = cmd.done
-                self.engine.send(("abort", cmd.request_id, token))
+                self.engine.send(AbortRequest(cmd.request_id, token))
             elif cmd is None:
-                self.engine.send(("stop",))
+                self.engine.send(StopEngine())
         except OSError as exc:  # the engine process is gone; the reader reports it to every stream
-            if isinstance(cmd, _Add):
+            if isinstance(cmd, AddRequest):
                 raise EngineDeadError(f"the engine process is gone: {exc}") from exc
             if isinstance(cmd, _Abort) and cmd.done is not None:
                 cmd.done.set()  # nothing left to abort

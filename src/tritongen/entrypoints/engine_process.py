@@ -1,15 +1,13 @@
 """The engine loop in a process of its own: `AsyncLLM(..., engine_process=True)`.
 
 Why: in one process the engine thread's Python work (scheduling, detokenizing) shares the GIL
-with everything the frontend does per token. Inside Triton's Python stub that frontend work (a
-response, its tensors and a blocking send per token per request) slowed every engine step from
-12.5 to 20.8 ms at concurrency 128 (docs/benchmarks.md, "Triton's response path", 2026-11-30).
-Here the child process owns the EngineCore (model, KV cache, scheduler, detokenizers); the parent
+with everything the frontend does per token; inside Triton's Python stub that frontend work (a
+response, its tensors and a blocking send per token per request) lengthens every engine step
+(docs/benchmarks.md, serving). Here the child process owns the EngineCore (model, KV cache, scheduler, detokenizers); the parent
 keeps the tokenizer (it validates and tokenizes in the caller's thread) and a reader thread.
 
-Protocol over one socket pair (multiprocessing Connection, pickled tuples):
-  parent -> child: ("add", request_id, token_ids, params, prompt_text), ("abort", request_id, ack),
-                   ("stop",)
+Protocol over one socket pair (multiprocessing Connection, pickled):
+  parent -> child: the engine options (a dict, first), then AddRequest, AbortRequest, StopEngine
   child -> parent: ("ready", limits, stats), ("step", [Delta], stats), ("rejected", request_id, message),
                    ("aborted", ack), ("dead", message) (the engine was given up; the child exits)
 A step travels as deltas only (new token ids and text, finish reason, new logprobs): the parent
@@ -30,12 +28,36 @@ from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 from tritongen.core.engine import EngineLimits, Prompt, tokenize, validate
-from tritongen.parallel.executor import end_process, spawn_module
+from tritongen.processes import end_process, exit_with_parent, spawn_module
 from tritongen.types import RequestOutput, RequestTimes, SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """A request for the engine, validated and tokenized by the caller (also AsyncLLM's command)."""
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    prompt: Optional[str]
+    """The prompt's text when it came as text (outputs echo it), else None."""
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Abort one request; the child answers ("aborted", ack) once its blocks are free."""
+
+    request_id: str
+    ack: int
+
+
+@dataclass(frozen=True)
+class StopEngine:
+    """End the engine loop; the child exits."""
 
 
 @dataclass
@@ -100,6 +122,8 @@ class RemoteEngine:
         from tritongen.fetch import resolve_model
         from tritongen.tokenizer import load_tokenizer
 
+        if kwargs.get("log_level") is None:  # the child logs as this process does
+            kwargs = {**kwargs, "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
         config = EngineConfig.from_kwargs(**kwargs)  # bad options fail here, before a process starts
         self.tokenizer = tokenizer or load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
         self._send_lock = threading.Lock()
@@ -148,7 +172,7 @@ class RemoteEngine:
         """Ask the child to stop, then wait; terminate and kill if it does not. Idempotent."""
         if self.proc.poll() is None:
             try:
-                self.send(("stop",))
+                self.send(StopEngine())
             except OSError:
                 pass
         end_process(self.proc, _STOP_TIMEOUT_S)
@@ -181,18 +205,16 @@ class _ChildLoop:
                 msg = self.conn.recv()
             except EOFError:
                 return False  # the parent closed its end or died
-            kind = msg[0]
-            if kind == "stop":
+            if isinstance(msg, StopEngine):
                 return False
-            if kind == "add":
-                _, request_id, ids, params, prompt = msg
+            if isinstance(msg, AddRequest):
                 try:
-                    self.engine.add_request(request_id, ids, params, prompt)
+                    self.engine.add_request(msg.request_id, msg.token_ids, msg.params, msg.prompt)
                 except Exception as exc:
-                    self.conn.send(("rejected", request_id, str(exc)))
-            elif kind == "abort":
-                self.engine.abort(msg[1])
-                self.conn.send(("aborted", msg[2]))
+                    self.conn.send(("rejected", msg.request_id, str(exc)))
+            elif isinstance(msg, AbortRequest):
+                self.engine.abort(msg.request_id)
+                self.conn.send(("aborted", msg.ack))
             if not self.conn.poll(0):
                 return True
 
@@ -209,15 +231,14 @@ class _ChildLoop:
 
 
 def child_main(fd: int) -> int:
-    from tritongen.entrypoints.llm import create_engine
     from tritongen.config import EngineConfig
-    from tritongen.parallel.worker import exit_with_parent
+    from tritongen.entrypoints.llm import create_engine
 
-    logging.basicConfig(level=os.environ.get("TRITONGEN_LOG_LEVEL", "WARNING"),
-                        format="[engine process] %(levelname)s %(name)s: %(message)s")
     exit_with_parent(os.getppid())
     conn = Connection(fd)
     kwargs = conn.recv()
+    logging.basicConfig(level=kwargs.get("log_level") or logging.WARNING,
+                        format="[engine process] %(levelname)s %(name)s: %(message)s")
     try:
         engine = create_engine(EngineConfig.from_kwargs(**kwargs))
     except Exception as exc:

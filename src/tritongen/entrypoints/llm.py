@@ -31,7 +31,7 @@ def create_engine(config: EngineConfig) -> EngineCore:
     model_path = resolve_model(config.model.model)
     check_memory(config, model_path)  # refuse a model that cannot fit before any weight is allocated
     if config.parallel.tensor_parallel_size > 1:
-        from tritongen.parallel.executor import TensorParallelRunner
+        from tritongen.runner.tp_runner import TensorParallelRunner
 
         runner = TensorParallelRunner(config, model_path)
     else:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -22,12 +23,30 @@ from tritongen.models.registry import get_model_class
 
 if TYPE_CHECKING:
     from tritongen.models.fp8_checkpoint import Fp8Plan
-    from tritongen.parallel.tensor_parallel import Shard, ShardSpec
 
 logger = logging.getLogger(__name__)
 
-SpecFn = Callable[[str], Optional["ShardSpec"]]
+
+class TensorSlice(Protocol):
+    """The part of a full checkpoint tensor one process keeps (parallel.tensor_parallel.ShardSpec)."""
+
+    def take(self, full: Any) -> torch.Tensor:
+        """This part of `full`: a tensor, or a lazy safetensors slice (read only in part)."""
+
+
+SpecFn = Callable[[str], Optional[TensorSlice]]
 """HF parameter name -> the slice of the full tensor this rank keeps (None: all of it)."""
+
+
+@dataclass(frozen=True)
+class ModelSplit:
+    """How to build one part of a model split over processes; the parallelism that applies it
+    (parallel.tensor_parallel.model_split) says how, so model code stays single-device."""
+
+    restructure: Callable[[nn.Module], None]
+    """Swaps in the part's modules (this rank's shapes) on the meta device, before allocation."""
+    spec: SpecFn
+    """Which slice of each full, HF-named tensor the part keeps."""
 
 DUMMY_PREFIX = "dummy:"
 # Old checkpoints saved the rotary buffer; we recompute it.
@@ -55,7 +74,7 @@ def read_arch(model: str) -> ModelArch:
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Optional["Shard"] = None,
+    model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, split: Optional[ModelSplit] = None,
     quantization: Optional[str] = None,
 ) -> tuple[CausalLM, ModelArch]:
     """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
@@ -65,22 +84,19 @@ def load_model(
     layers filled from its tensors; `quantization="fp8"` on another one leaves its layers in
     `dtype` here for the caller to quantize after fuse_projections (fp8_plan says which).
 
-    With a tensor-parallel `shard`, the model has the rank's shapes and only the rank's slice of
-    each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time and
-    sliced, so every world size gets the same model)."""
+    With a `split` (a tensor-parallel rank's), the model has the part's shapes and only the part's
+    slice of each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time
+    and sliced, so every world size gets the same model)."""
     device = torch.device(device)
     arch = read_arch(model)
     plan = fp8_plan(model, quantization)
-    if plan is not None and plan.prequantized and shard is not None:
+    if plan is not None and plan.prequantized and split is not None:
         raise ValueError("FP8 checkpoints load without tensor parallelism for now (their scales are not sharded)")
-    net = build_empty_model(arch, dtype, device, shard, plan if plan is not None and plan.prequantized else None)
-    spec: SpecFn = lambda name: None  # noqa: E731
-    if shard is not None:
-        from tritongen.parallel.tensor_parallel import shard_specs
-
-        spec = shard_specs(arch, shard.rank, shard.world_size)
+    net = build_empty_model(arch, dtype, device, split.restructure if split is not None else None,
+                            plan if plan is not None and plan.prequantized else None)
+    spec: SpecFn = split.spec if split is not None else lambda name: None
     if is_dummy(model):
-        init_dummy_weights(net, seed, spec, full_shapes(arch) if shard is not None else None)
+        init_dummy_weights(net, seed, spec, full_shapes(arch) if split is not None else None)
     else:
         load_checkpoint(net, Path(model).expanduser(), spec, plan if plan is not None and plan.prequantized else None)
     return net.eval(), arch
@@ -94,16 +110,16 @@ def fp8_plan(model: str, quantization: Optional[str]) -> Optional["Fp8Plan"]:
 
 
 def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,
-                      shard: Optional["Shard"] = None, fp8: Optional["Fp8Plan"] = None) -> CausalLM:
-    """The model (the rank's shard of it) with uninitialized parameters allocated on `device` in
-    `dtype` (the `fp8` plan's linear layers as empty Fp8Linear ones); buffers are valid."""
+                      restructure: Optional[Callable[[nn.Module], None]] = None,
+                      fp8: Optional["Fp8Plan"] = None) -> CausalLM:
+    """The model (with `restructure`, a ModelSplit's, its part) with uninitialized parameters
+    allocated on `device` in `dtype` (the `fp8` plan's linear layers as empty Fp8Linear ones);
+    buffers are valid."""
     cls = get_model_class(arch.architecture)
     with torch.device("meta"):
         net = cls(arch)
-        if shard is not None:
-            from tritongen.parallel.tensor_parallel import shard_modules
-
-            shard_modules(net, shard)
+        if restructure is not None:
+            restructure(net)
     net = net.to(dtype=dtype)
     if fp8 is not None:
         from tritongen.models.fp8_checkpoint import make_fp8_layers
@@ -213,7 +229,7 @@ def _fp8_tensor(name: str, tensor: Any, plan: "Fp8Plan", params: dict) -> tuple[
     return ours, checkpoint_scale(_read(tensor, None), plan, *weight.shape)
 
 
-def _read(tensor: Any, spec: Optional["ShardSpec"]) -> torch.Tensor:
+def _read(tensor: Any, spec: Optional[TensorSlice]) -> torch.Tensor:
     if spec is not None:
         return spec.take(tensor)
     return tensor if isinstance(tensor, torch.Tensor) else tensor[:]

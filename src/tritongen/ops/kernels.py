@@ -1,41 +1,90 @@
 """Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul) and of the
-linear layers: the reference (torch), or for CUDA tensors the Triton kernels once `use_triton(True)`
-was called (select_attention_backend does it). Linear layers take the Triton skinny GEMM only for
-decode-sized inputs (at most triton_gemv.MAX_ROWS rows) of weight shapes where
-triton_gemv.select_kernels measured it faster at load; everything else stays on cuBLAS. The MLP's
-stacked gate/up projection and its SiLU·mul likewise run as one kernel (gated_linear) where
-select_gated_kernels measured that faster."""
+linear layers: the reference (torch), or for CUDA tensors the Triton kernels.
+
+What one engine runs is a `KernelChoices`: whether the Triton kernels are on, and which decode
+GEMMs take the Triton skinny GEMM (triton_gemv.select_kernels measured it faster on that model's
+weights at load) or the stacked gate/up GEMM with SiLU·mul fused (select_gated_kernels). The
+engine's runner makes it active around its forward passes (`active`), so two engines in one
+process keep their own choices; outside any `active` block the process default applies, which
+`use_triton` sets (select_attention_backend does it). Linear layers take the skinny GEMM only for
+decode-sized inputs (at most triton_gemv.MAX_ROWS rows) of the shapes chosen; everything else stays
+on cuBLAS."""
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 
 from tritongen.ops import reference
 
-_impl = reference
-_gemv = None
+
+@dataclass
+class KernelChoices:
+    """The kernels of one engine's model (CUDA tensors; CPU tensors always take the reference)."""
+
+    triton: bool = False
+    """The Triton per-token kernels and, where `gemm` / `gated` say so, the skinny GEMMs."""
+    gemm: dict = field(default_factory=dict)
+    """(N, K, dtype, row bucket) -> skinny GEMM configuration, or None for cuBLAS (select_kernels)."""
+    gated: dict = field(default_factory=dict)
+    """(2N, K, dtype, row bucket) -> fused gate/up + SiLU·mul configuration, or None (select_gated_kernels)."""
+
+
+_default = KernelChoices()
+_active: ContextVar[Optional[KernelChoices]] = ContextVar("tritongen_kernel_choices", default=None)
 
 
 def use_triton(enabled: bool) -> None:
-    global _impl, _gemv
-    if enabled:
-        from tritongen.ops import triton_elementwise, triton_gemv
+    """The process default outside any `active` block (no skinny GEMM choices of its own)."""
+    _default.triton = enabled
 
-        _impl, _gemv = triton_elementwise, triton_gemv
-    else:
-        _impl, _gemv = reference, None
+
+@contextlib.contextmanager
+def active(choices: KernelChoices) -> Iterator[KernelChoices]:
+    """Dispatch with `choices` in this thread (and its context) until the block ends."""
+    token = _active.set(choices)
+    try:
+        yield choices
+    finally:
+        _active.reset(token)
+
+
+def current() -> KernelChoices:
+    choices = _active.get()
+    return _default if choices is None else choices
+
+
+def _impl(x: torch.Tensor):
+    return _triton("triton_elementwise") if x.is_cuda and current().triton else reference
+
+
+_modules: dict = {}
+
+
+def _triton(name: str):
+    """ops.triton_elementwise / ops.triton_gemv, imported on first use (they need the triton package)."""
+    mod = _modules.get(name)
+    if mod is None:
+        import importlib
+
+        mod = _modules[name] = importlib.import_module(f"tritongen.ops.{name}")
+    return mod
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear; with `out` (x 2-D, out [rows, N] contiguous) the product is written there."""
-    if _gemv is not None and x.is_cuda:
+    choices = current()
+    if choices.gemm and x.is_cuda:
+        triton_gemv = _triton("triton_gemv")
         rows = x.numel() // x.shape[-1]
-        cfg = _gemv.config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
+        cfg = triton_gemv.config_for(choices.gemm, weight, rows) if rows <= triton_gemv.MAX_ROWS else None
         if cfg is not None:
-            return _gemv.linear(x, weight, cfg, bias, out=out)
+            return triton_gemv.linear(x, weight, cfg, bias, out=out)
     if out is None:
         return F.linear(x, weight, bias)
     if bias is None:
@@ -43,40 +92,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def single_pass_gemm_config(weight: torch.Tensor, rows: int) -> Optional[dict]:
-    """The skinny GEMM's fastest single-pass configuration measured for this weight and row count, for
-    kernels that fuse more work after that GEMM; None without the Triton kernels or a measurement."""
-    if _gemv is None or not weight.is_cuda or rows > _gemv.BLOCK_M:
-        return None
-    return _gemv.single_pass_config_for(weight, rows)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return (_impl if x.is_cuda else reference).rms_norm(x, weight, eps)
+    return _impl(x).rms_norm(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    return (_impl if x.is_cuda else reference).add_rms_norm(x, residual, weight, eps)
+    return _impl(x).add_rms_norm(x, residual, weight, eps)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    return (_impl if q.is_cuda else reference).apply_rotary(q, k, cos, sin)
+    return _impl(q).apply_rotary(q, k, cos, sin)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return (_impl if gate.is_cuda else reference).silu_and_mul(gate, up)
+    return _impl(gate).silu_and_mul(gate, up)
 
 
 def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """silu(gate) * up of a stacked gate/up projection (weight [2N, K]: gate rows, then up rows):
-    one fused kernel for decode batches where triton_gemv.select_gated_kernels measured it faster,
-    else the GEMM and the SiLU·mul kernel."""
-    if _gemv is not None and x.is_cuda and bias is None:
+    one fused kernel for decode batches where select_gated_kernels measured it faster, else the
+    GEMM and the SiLU·mul kernel."""
+    choices = current()
+    if choices.gated and x.is_cuda and bias is None:
+        triton_gemv = _triton("triton_gemv")
         rows = x.numel() // x.shape[-1]
-        cfg = _gemv.gated_config_for(weight, rows) if rows <= _gemv.MAX_ROWS else None
+        cfg = triton_gemv.config_for(choices.gated, weight, rows) if rows <= triton_gemv.MAX_ROWS else None
         if cfg is not None:
-            return _gemv.gated_linear(x, weight, cfg)
+            return triton_gemv.gated_linear(x, weight, cfg)
     gate, up = linear(x, weight, bias).chunk(2, dim=-1)
     return silu_and_mul(gate, up)

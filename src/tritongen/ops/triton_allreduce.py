@@ -14,8 +14,8 @@ own partial row, the residual, the weight) while the signal travels; larger batc
 programs over the rows, so that the handshake is paid once per program rather than once per row in
 every wave of programs (512 rows as 512 programs were slower than two-shot + RMSNorm). In that loop
 (two ranks) the loads of a program's next row, the peer's above all, are issued before its current
-row is reduced, so that their latency overlaps work instead of adding up row by row: with the peer
-simulated on one H200 (benchmarks/fused_rows_probe.py) 512 rows went from 7.9 to 6.1 µs per call.
+row is reduced, so that their latency overlaps work instead of adding up row by row
+(benchmarks/probes/fused_rows_probe.py times it with the peer simulated).
 
 No end barrier: the row-parallel layers alternate between two halves of the buffer (o_proj writes
 half 0, down_proj half 1), so a rank that ran ahead writes the half its peer is not reading; it
@@ -31,12 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.triton_gemv import BLOCK_M, tile_product
-
 SLOTS = 128
 """Flags per rank: the most programs one call runs (about one wave on an H200's 132 SMs)."""
 DEFAULT_TIMEOUT_S = 600.0
-"""How long a kernel waits for a peer's signal before it fails (parallel.worker.timeout's default)."""
+"""How long a kernel waits for a peer's signal before it fails (ParallelConfig.tp_timeout_s's default)."""
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """Decided at import, as triton.jit decides it: the interpreter has no GPU clock to time out on."""
 
@@ -182,43 +180,6 @@ def _allreduce_add_rms_norm_kernel(BUF_PTRS, FLAG_PTRS, EPOCH, R, W, Y, S, offse
             _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
 
 
-@triton.jit
-def _gemm_allreduce_add_rms_norm_kernel(X, WT, BUF_PTRS, FLAG_PTRS, EPOCH, COUNT, R, W, Y, S, offset, M, K,
-                                        stride_xm, stride_wn, stride_r, N, eps, timeout_ns, RANK: tl.constexpr,
-                                        WORLD: tl.constexpr, WORLD_POW2: tl.constexpr, NUM_SLOTS: tl.constexpr,
-                                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                        IEEE: tl.constexpr, TIMEOUT: tl.constexpr,
-                                        BLOCK: tl.constexpr):
-    """The row-parallel GEMM and what follows it in one launch (see gemm_allreduce_add_rms_norm)."""
-    pid_n = tl.program_id(0)
-    acc, m, n, m_ok, n_ok = tile_product(X, WT, pid_n, M, N, K, 0, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, IEEE, False)
-    own_base = tl.load(BUF_PTRS + RANK)
-    part = own_base.to(tl.pointer_type(S.dtype.element_ty)) + offset
-    tl.store(part + m[:, None] * N + n[None, :], acc.to(S.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-    # The split-K pattern (triton_gemv._split_k_reduce): every thread stored before one gpu-scope
-    # release; the last program's acquire sees every tile, and its system-scope release to the peers
-    # below passes them on (causality is transitive).
-    tl.debug_barrier()
-    if tl.atomic_add(COUNT, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.store(COUNT, 0)  # the next launch (a graph replay too) counts from zero
-        epoch = _signal(FLAG_PTRS, EPOCH, 0, RANK, WORLD, NUM_SLOTS)
-        cols = tl.arange(0, BLOCK)
-        ok = cols < N
-        ranks = tl.arange(0, WORLD_POW2)
-        bases = tl.load(BUF_PTRS + ranks, mask=ranks < WORLD, other=0)
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-        _wait(FLAG_PTRS, 0, epoch, timeout_ns, RANK, WORLD, NUM_SLOTS, TIMEOUT)
-        # Not _two_rank_rows: with this kernel's 4 warps its loop-carried rows cost more than they
-        # hide (one H200, peer simulated: 2-4 rows ~1 µs slower, benchmarks/fused_rows_probe.py).
-        for row in range(0, M):
-            # The other programs' tiles: past L1 (.cg), which may hold nothing of them anyway.
-            own = tl.load(_row_ptr(own_base, offset, row, N, S.dtype.element_ty) + cols, mask=ok, other=0.0,
-                          cache_modifier=".cg")
-            r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
-            _sum_add_norm_row(bases, ranks, own, r, w, row, offset, N, eps, Y, S, cols, ok, RANK, WORLD)
-
-
 def _outputs(residual: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(residual as [rows, hidden] with unit column stride, empty y, empty s) after checking that the
     partial-sum rows start 16-byte aligned (the kernels' vector loads)."""
@@ -258,38 +219,4 @@ def allreduce_add_rms_norm(buf_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, epoc
         buf_ptrs, flag_ptrs, epoch, r2, weight, y, s, offset, rows, r2.stride(0), n, eps, timeout_ns, RANK=rank,
         WORLD=world, WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=slots, ONE_ROW=rows <= slots,
         TIMEOUT=check, BLOCK=triton.next_power_of_2(n), num_warps=8)
-    return y.view(residual.shape), s.view(residual.shape)
-
-
-def gemm_allreduce_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, cfg: dict, buf_ptrs: torch.Tensor,
-                                flag_ptrs: torch.Tensor, epoch: torch.Tensor, count: torch.Tensor, offset: int,
-                                residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, rank: int,
-                                timeout_s: float = DEFAULT_TIMEOUT_S
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """allreduce_add_rms_norm of this rank's partial sums x [rows, K] @ weight [hidden, K].T, computed in
-    the same launch: each program stores its tile of the product into this rank's buffer at `offset`,
-    the last one to finish (counted on `count`, an int32 that is zero between launches) signals the
-    peers, waits for theirs and reduces, adds and normalizes every row. At batch 1 on two H200s a
-    separate all-reduce launch costs ~7 µs per row-parallel layer, most of it fixed cost; here it
-    is the last program's tail. `cfg`: a single-pass configuration of ops/triton_gemv (block_n,
-    block_k, num_warps, num_stages). For few rows: one program reduces them all."""
-    rows, k = x.shape
-    world = buf_ptrs.numel()
-    if not 1 <= rows <= BLOCK_M or weight.shape != (residual.shape[-1], k):
-        raise ValueError(f"gemm_allreduce_add_rms_norm takes x [1..{BLOCK_M}, K] and weight [hidden, K]; got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if cfg.get("split_k", 1) != 1:
-        raise ValueError(f"gemm_allreduce_add_rms_norm runs single-pass configurations, not {cfg}")
-    r2, y, s = _outputs(residual, offset)
-    n = r2.shape[1]
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    timeout_ns, check = _timeout_ns(timeout_s)
-    _gemm_allreduce_add_rms_norm_kernel[(triton.cdiv(n, cfg["block_n"]),)](
-        x, weight, buf_ptrs, flag_ptrs, epoch, count, r2, norm_weight, y, s, offset, rows, k, x.stride(0),
-        weight.stride(0), r2.stride(0), n, eps, timeout_ns, RANK=rank, WORLD=world,
-        WORLD_POW2=triton.next_power_of_2(world), NUM_SLOTS=epoch.numel(), BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"],
-        BLOCK_K=cfg["block_k"], IEEE=x.dtype == torch.float32, TIMEOUT=check,
-        BLOCK=triton.next_power_of_2(n), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
     return y.view(residual.shape), s.view(residual.shape)

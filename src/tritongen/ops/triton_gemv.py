@@ -3,28 +3,20 @@ y = x @ weight.T (+ bias). At load, select_kernels times it against cuBLAS on th
 weights per shape and row count; ops.kernels.linear then sends decode batches of at most MAX_ROWS
 rows here where it won, everything else to cuBLAS.
 
-Why: at batch 1 the H200 profile has cuBLAS reaching 3.1-3.3 TB/s on the o_proj and down_proj
-shapes (split-K plus a separate reduce kernel) against 4.1 TB/s on gate_up; the GEMMs are 3.6 of
-the 4.3 ms of kernels per 7B step. Here each program owns BLOCK_N output columns and streams its
-[BLOCK_N, K] slab of the weight once (the only traffic that matters), with tl.dot on a 16-row
-tile of x (rows past M are masked zeros); BLOCK_N sets how many programs share the weight
-(N / BLOCK_N). benchmarks/gemv_probe.py times it against F.linear for the Llama shapes, per
-configuration. On the H200 (docs/benchmarks.md) the best configuration beat cuBLAS by 3-13% at 1
-row on the 7B shapes, while a fixed rule lost up to 21% on some 13B and TP=2 shapes: hence the
-selection by measurement.
+Each program owns BLOCK_N output columns and streams its [BLOCK_N, K] slab of the weight once (the
+only traffic that matters), with tl.dot on a 16-row tile of x (rows past M are masked zeros);
+BLOCK_N sets how many programs share the weight (N / BLOCK_N). No configuration wins on every shape
+(benchmarks/probes/gemv_probe.py times them against F.linear), hence the selection by measurement.
 
-Split-K: the small shapes of a TP=2 rank have too few N tiles for 132 SMs (o_proj [5120 x 2560] in
-64-column tiles is 80 programs; 160 leave a ragged second wave) and ran at 2.9-3.7 TB/s. With
-SPLIT_K > 1 each N tile gets SPLIT_K programs, each over a BLOCK_K-aligned slice of K; they write
-fp32 partial tiles to a per-device workspace and count themselves in on the tile's counter (an
-acq_rel atomic after a CTA barrier, so the partials are visible to whoever counts last). The last
-program sums the partials in split order 0..SPLIT_K-1, whatever order the programs arrived in, so
-results are bitwise the same run to run; it stores y and resets the counter for the next launch
-(CUDA-graph replays included). One kernel, no separate reduce launch; SPLIT_K == 1 is the plain
-single pass (no workspace, no atomics). Split configurations are just more candidates for
-select_kernels, so they are used only where measured faster. On the H200 they did not help the TP=2
-shapes (latency-bound: 26 MB in 9 us, whatever the tiling) but won on the 13B down_proj at 1 row
-and the 7B o_proj / down_proj at 8 rows (docs/benchmarks.md, "split-K decode GEMMs", 2026-12-01).
+Split-K: shapes with few N tiles (a TP=2 rank's o_proj [5120 x 2560] in 64-column tiles is 80
+programs on 132 SMs) can give each N tile SPLIT_K programs, each over a BLOCK_K-aligned slice of K;
+they write fp32 partial tiles to a per-device workspace and count themselves in on the tile's
+counter (an acq_rel atomic after a CTA barrier, so the partials are visible to whoever counts last).
+The last program sums the partials in split order 0..SPLIT_K-1, whatever order the programs arrived
+in, so results are bitwise the same run to run; it stores y and resets the counter for the next
+launch (CUDA-graph replays included). One kernel, no separate reduce launch; SPLIT_K == 1 is the
+plain single pass (no workspace, no atomics). Split configurations are just more candidates for
+select_kernels, so they are used only where measured faster.
 """
 from __future__ import annotations
 
@@ -48,12 +40,11 @@ MAX_ROWS = 8  # measured wins up to 8 rows (none left at 16 on the 13B shapes)
 def tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
     """(acc float32 = x[:, k_start:k_end] @ w[n, k_start:k_end].T for N tile pid_n, m, n, m_ok, n_ok):
-    one program's share of the skinny GEMM, also the first half of ops/triton_allreduce's GEMM +
-    all-reduce kernel. acc is [BLOCK_M, BLOCK_N]; GATED: W stacks two [N, K] halves (the MLP's gate
-    rows, then its up rows) and acc is [BLOCK_M, 2 * BLOCK_N], the gate half's columns of the tile
-    first, then the up half's (one pass over K streams both slabs). (Applying SiLU·mul as x is
-    loaded, in down_proj's GEMM, was tried: every N tile recomputes it for all BLOCK_M rows, and 13B
-    batch-1 decode went from 7.07 to 10.0 ms/step on an H200; gate_up's epilogue is its place.)"""
+    one program's share of the skinny GEMM. acc is [BLOCK_M, BLOCK_N]; GATED: W stacks two [N, K]
+    halves (the MLP's gate rows, then its up rows) and acc is [BLOCK_M, 2 * BLOCK_N], the gate half's
+    columns of the tile first, then the up half's (one pass over K streams both slabs). SiLU·mul
+    belongs in this epilogue, computed once per output, not where down_proj loads its input (every
+    N tile would recompute it for all BLOCK_M rows)."""
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
@@ -225,20 +216,12 @@ def split_workspace(device: torch.device, floats: int, tiles: int) -> tuple[torc
     return part, counts
 
 
-# Candidate launch configurations (block_n, block_k, num_stages, split_k). Without split-K, from
-# benchmarks/gemv_probe.py on the H200: the best config of every 7B/13B shape is among them, and none
-# wins everywhere. Split-K: of splits 2 and 4 over each of these tiles (gemv_probe, 7B / 13B / 13B
-# TP=2 shapes, docs/benchmarks.md) only split 4 with 128-deep K steps ever won (13B down_proj at 1 row
-# 37.1 -> 35.6 us, 7B o_proj / down_proj at 8 rows), so only those two are timed at load.
+# Candidate launch configurations (block_n, block_k, num_stages, split_k): the best configuration of
+# every 7B / 13B / 13B TP=2 shape measured on the H200 is among them (docs/benchmarks-history.md).
 CANDIDATES = [dict(block_n=bn, block_k=bk, num_warps=4, num_stages=st, split_k=1)
               for bn, (bk, st) in itertools.product((32, 64), ((128, 3), (256, 5)))]
 CANDIDATES += [dict(block_n=bn, block_k=128, num_warps=4, num_stages=3, split_k=4) for bn in (32, 64)]
 MIN_GAIN = 0.97  # the skinny kernel must be at least 3% faster than cuBLAS to be used
-_choices: dict[tuple, Optional[dict]] = {}
-"""(N, K, dtype, row bucket) -> launch configuration, or None for cuBLAS. Filled by select_kernels."""
-_single_pass: dict[tuple, dict] = {}
-"""(N, K, dtype, row bucket) -> the fastest configuration without split-K, whether or not it beat
-cuBLAS: the GEMM + all-reduce kernel of ops/triton_allreduce runs one (filled by select_kernels)."""
 
 
 def candidates(dtype: torch.dtype) -> list[dict]:
@@ -253,15 +236,10 @@ def _bucket(rows: int) -> int:
     return 1 if rows <= 1 else MAX_ROWS
 
 
-def config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
-    """The configuration select_kernels chose for this weight shape and row count; None: use cuBLAS."""
-    return _choices.get((*weight.shape, weight.dtype, _bucket(rows)))
-
-
-def single_pass_config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
-    """The fastest measured configuration without split-K for this shape and row count (None: not
-    timed), for kernels that build on the single-pass tile product."""
-    return _single_pass.get((*weight.shape, weight.dtype, _bucket(rows)))
+def config_for(choices: dict, weight: torch.Tensor, rows: int) -> Optional[dict]:
+    """The configuration in `choices` (what select_kernels or select_gated_kernels returned) for this
+    weight shape and row count; None: not this kernel."""
+    return choices.get((*weight.shape, weight.dtype, _bucket(rows)))
 
 
 def graph_time_us(fn, weights: list[torch.Tensor], min_calls: int = 32, reps: int = 3) -> float:
@@ -302,14 +280,9 @@ def select_kernels(weights: list[torch.Tensor],
     made = {}
     for (n, k, dtype, rows), cublas, skinny in _timed_cases(weights, _time_case, candidates, agree):
         best, best_us = _fastest(candidates(dtype), skinny, cublas * MIN_GAIN)
-        single, _ = _fastest([c for c in candidates(dtype) if c["split_k"] == 1],
-                             [us for c, us in zip(candidates(dtype), skinny) if c["split_k"] == 1], float("inf"))
         made[(n, k, dtype, rows)] = best
-        if single is not None:
-            _single_pass[(n, k, dtype, rows)] = single
         logger.info("decode GEMM [%d x %d] %s, %d row(s): cuBLAS %.1f us, %s", n, k, dtype, rows, cublas,
                     "skinny %.1f us %s" % (best_us, best) if best else "kept")
-    _choices.update(made)
     return made
 
 
@@ -369,8 +342,6 @@ GATED_MIN_GAIN = 0.995
 """The gate/up GEMM with SiLU·mul in its epilogue replaces what that projection ran before (the
 GEMM select_kernels chose, then the SiLU·mul kernel) where it is faster at all: it saves one
 launch, a few µs of a 30-70 µs pair, which MIN_GAIN's 3 % would never let in."""
-_gated: dict[tuple, dict] = {}
-"""(2N, K, dtype, row bucket) -> gated_skinny_linear's configuration. Filled by select_gated_kernels."""
 
 
 def gated_candidates(dtype: torch.dtype) -> list[dict]:
@@ -379,36 +350,31 @@ def gated_candidates(dtype: torch.dtype) -> list[dict]:
     return single + [{**c, "block_n": 16} for c in single if c["block_n"] == 32]
 
 
-def gated_config_for(weight: torch.Tensor, rows: int) -> Optional[dict]:
-    """select_gated_kernels' choice for this stacked gate/up weight and row count; None: unfused."""
-    return _gated.get((*weight.shape, weight.dtype, _bucket(rows)))
-
-
 @torch.inference_mode()
-def select_gated_kernels(weights: list[torch.Tensor],
+def select_gated_kernels(weights: list[torch.Tensor], gemm: Optional[dict] = None,
                          agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, Optional[dict]]:
     """select_kernels for the MLPs' stacked gate/up weights ([2N, K]): time the path they take
-    unfused (the GEMM select_kernels chose for them, so call it first, then the SiLU·mul kernel)
+    unfused (the GEMM of `gemm`, what select_kernels chose for them, then the SiLU·mul kernel)
     against each gated_skinny_linear candidate, and keep the fused kernel where it wins by
     GATED_MIN_GAIN. `agree` as for select_kernels."""
     made = {}
-    for (n, k, dtype, rows), unfused, fused in _timed_cases(weights, _time_gated_case, gated_candidates, agree):
+    time_case = lambda case, group: _time_gated_case(case, group, gemm or {})  # noqa: E731
+    for (n, k, dtype, rows), unfused, fused in _timed_cases(weights, time_case, gated_candidates, agree):
         best, best_us = _fastest(gated_candidates(dtype), fused, unfused * GATED_MIN_GAIN)
         made[(n, k, dtype, rows)] = best
-        if best is not None:
-            _gated[(n, k, dtype, rows)] = best
         logger.info("gate/up GEMM + SiLU·mul [%d x %d] %s, %d row(s): unfused %.1f us, %s", n, k, dtype, rows,
                     unfused, "fused %.1f us %s" % (best_us, best) if best else "kept")
     return made
 
 
-def _time_gated_case(case: tuple, group: list[torch.Tensor]) -> list[float]:
-    """[µs of the unfused GEMM + SiLU·mul, µs of each gated candidate] for one (2N, K, dtype, rows) case."""
+def _time_gated_case(case: tuple, group: list[torch.Tensor], gemm: dict) -> list[float]:
+    """[µs of the unfused GEMM (its configuration in `gemm`) + SiLU·mul, µs of each gated candidate]
+    for one (2N, K, dtype, rows) case."""
     import torch.nn.functional as F
 
     n, k, dtype, rows = case
     x = torch.randn(rows, k, device=group[0].device, dtype=dtype)
-    cfg = config_for(group[0], rows)
+    cfg = config_for(gemm, group[0], rows)
 
     def unfused(w: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, w) if cfg is None else skinny_linear(x, w, **cfg)

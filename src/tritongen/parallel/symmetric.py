@@ -3,17 +3,14 @@
 NCCL's ring all-reduce of a [rows, hidden] bf16 partial sum costs 8.7 µs at 1 row and 30 / 38 µs at
 256 / 512 rows on two NVLink-linked H200s; PyTorch's two-shot symmetric-memory all-reduce (each rank
 reduces its half with NVLink loads from the peer's buffer, then writes it to every peer) costs
-7.7 / 16.8 / 25.3 µs, copy in included (benchmarks/allreduce_probe.py). The copy in and out is
-what made the saving vanish end to end before, so here the row-parallel GEMM writes its partial sum
-straight into the symmetric buffer:
-- up to `fused_rows` rows (with the Triton kernels on; DEFAULT_FUSED_ROWS unless
-  TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise), the layer returns the partial sums
-  unreduced, and the RMSNorm after it (tensor_parallel.ReducingRMSNorm) sums the ranks' rows, adds
-  the residual and normalizes in one kernel (ops/triton_allreduce.py). o_proj and down_proj write
-  separate halves of a region of their own, which is what lets that kernel skip an end barrier.
-  Up to `gemm_rows` rows (DEFAULT_GEMM_ROWS, TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS)
-  the layer does not even run its GEMM: it leaves x and its weight to that kernel, which computes
-  the partial sums in the same launch (`defer_gemm`);
+7.7 / 16.8 / 25.3 µs, copy in included (benchmarks/probes/allreduce_probe.py). A copy in and out
+would eat that saving, so the row-parallel GEMM writes its partial sum straight into the symmetric
+buffer:
+- up to `fused_rows` rows (with the Triton kernels on; ParallelConfig.fused_all_reduce_rows,
+  DEFAULT_FUSED_ROWS when unset), the layer returns the partial sums unreduced, and the RMSNorm
+  after it (tensor_parallel.ReducingRMSNorm) sums the ranks' rows, adds the residual and normalizes
+  in one kernel (ops/triton_allreduce.py). o_proj and down_proj write separate halves of a region
+  of their own, which is what lets that kernel skip an end barrier;
 - up to MAX_BYTES, torch's two-shot kernel reduces in place and the layer's output is a view of the
   buffer, valid until the next row-parallel layer writes it (the residual add right after each
   o_proj / down_proj consumes it first, also inside CUDA graphs, which replay the same order);
@@ -21,64 +18,48 @@ straight into the symmetric buffer:
 Small batches may reduce with ops/triton_lamport.py instead (each rank stores its rows into the
 peers' inboxes and polls its own for theirs: one NVLink trip instead of the flag handshake's two).
 parallel.calibrate times both kernels at load and picks the batch sizes where the Lamport one wins;
-`TRITONGEN_LAMPORT_ALLREDUCE=1` uses it up to SLOTS rows without measuring, `=0` never.
-`TRITONGEN_SYMMETRIC_ALLREDUCE=0` turns all of it off (NCCL everywhere), `=twoshot` the fusion only,
-for comparisons.
+ParallelConfig.lamport_all_reduce=True uses it up to SLOTS rows without measuring, False never.
+ParallelConfig.disable_custom_all_reduce turns all of it off (NCCL everywhere, tensor_parallel.Shard),
+fused_all_reduce_rows=0 the fusion only.
 
 The fused kernel reaches the peers through addresses: `handle.buffer_ptrs` are the bases of the
 symmetric blocks, and a tensor may sit at an offset inside its block (`peer_addresses`). The flags
-share one allocation with the partial sums (`_fused_region`): a first version (commit c23ec04) kept
-them in a small symmetric tensor of their own and faulted at the first atomic store to its peer copy.
+share one allocation with the partial sums (`_fused_region`): flags in a small symmetric tensor of
+their own faulted at the first atomic store to the peer's copy.
 
-Only the first tensor-parallel engine of a process uses it: the rendezvous of a second one hung on
-the 2×H200 (torch keeps per-process symmetric-memory state past destroy_process_group; a fresh group
-name did not help), so later engines agree with their workers to keep NCCL. Servers run one engine
-per process; tests and benchmarks that start several get NCCL from the second on.
+Only the first tensor-parallel engine of a process uses it, which is why `_used_in_this_process` is
+process state and not the engine's: torch keeps per-process symmetric-memory state past
+destroy_process_group, and the rendezvous of a second engine hung on the 2×H200 (a fresh group name
+did not help), so later engines agree with their workers to keep NCCL. Servers run one engine per
+process; tests and benchmarks that start several get NCCL from the second on.
 """
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from tritongen.ops import kernels
+from tritongen.config import ParallelConfig
 from tritongen.parallel.calibrate import calibrate_lamport
-from tritongen.parallel.worker import timeout
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_TIMEOUT_S = ParallelConfig.tp_timeout_s
 MAX_BYTES = 16 << 20
 """Inputs up to this size go through the symmetric buffer; larger ones through NCCL."""
-DEFAULT_GEMM_ROWS = 0
-"""Batches up to this many rows (and at most 16) also run the row-parallel GEMM in the same launch
-(ops/triton_allreduce.gemm_allreduce_add_rms_norm), unless TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS says
-otherwise (e.g. 4). Off: it has not run on two GPUs yet, and with the peer simulated on one H200 it
-was slower than the GEMM and the all-reduce kernel in two launches (13.2 vs 12.5 µs at 1 row, 16.7
-vs 12.7 at 4; benchmarks/fused_rows_probe.py): its last program reduces every row alone."""
 DEFAULT_FUSED_ROWS = 512
 """Batches up to this many rows reduce inside the following RMSNorm's kernel, unless
-`create(fused_rows=...)` or TRITONGEN_FUSED_ALLREDUCE_ROWS says otherwise (0: off). On the 2×H200
-the fused kernel beat two-shot + the add/RMSNorm kernel at every size up to 512 rows
-(benchmarks/allreduce_probe.py: 6.7 vs 9.8 µs at 1 row, 14.6 vs 19.9 at 256, 24.3 vs 30.5 at 512)."""
+`create(fused_rows=...)` says otherwise (0: off). On the 2×H200 the fused kernel beat two-shot + the
+add/RMSNorm kernel at every size up to 512 rows (6.7 vs 9.8 µs at 1 row, 14.6 vs 19.9 at 256, 24.3
+vs 30.5 at 512; docs/benchmarks-history.md)."""
 _used_in_this_process = False
 
 
-def _mode() -> str:
-    return os.environ.get("TRITONGEN_SYMMETRIC_ALLREDUCE", "1").lower()
-
-
-def _lamport_mode() -> str:
-    """'auto' (measure at load), 'on' or 'off', from TRITONGEN_LAMPORT_ALLREDUCE."""
-    value = os.environ.get("TRITONGEN_LAMPORT_ALLREDUCE", "auto").lower()
-    return {"1": "on", "true": "on", "on": "on", "0": "off", "false": "off", "off": "off"}.get(value, "auto")
-
-
 def wanted(device: torch.device, world_size: int) -> bool:
-    return world_size > 1 and device.type == "cuda" and _mode() not in ("0", "false", "off")
+    return world_size > 1 and device.type == "cuda"
 
 
 @dataclass
@@ -90,8 +71,6 @@ class Peers:
     buf_ptrs: torch.Tensor
     flag_ptrs: torch.Tensor
     epoch: torch.Tensor
-    count: torch.Tensor
-    """int32 [1], zero between launches: the GEMM + all-reduce kernel's programs count themselves in."""
     inbox: int = -1
     """Elements from the buffer start to the Lamport inboxes (ops/triton_lamport.py); -1: none."""
     lamport_epoch: Optional[torch.Tensor] = None
@@ -144,16 +123,16 @@ def _fused_region(dtype: torch.dtype, device: torch.device, rows: int, hidden: i
     dist.barrier(device_ids=[device.index])  # no peer signals (or pushes) before every rank is ready
     base = peer_addresses(handle, region)
     zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=device)  # noqa: E731
-    peers = Peers(dist.get_rank(), base, base + (data + inbox) * elt, zeros(SLOTS), zeros(1),
+    peers = Peers(dist.get_rank(), base, base + (data + inbox) * elt, zeros(SLOTS),
                   data if lamport else -1, zeros(SLOTS) if lamport else None)
     return region[:data].view(2, rows, hidden), peers
 
 
-def _measured_lamport_rows(fused: torch.Tensor, peers: Peers) -> int:
+def _measured_lamport_rows(fused: torch.Tensor, peers: Peers, timeout_s: float) -> int:
     """calibrate_lamport's choice; 0 (the flag kernel for every batch) where the measurement itself
     fails. Its code runs alike on every rank, so a Python error stops every rank at the same point."""
     try:
-        return calibrate_lamport(fused, peers, timeout().total_seconds())
+        return calibrate_lamport(fused, peers, timeout_s)
     except Exception as exc:  # noqa: BLE001 - an optimization: keep the proven kernel, say why
         logger.warning("Lamport all-reduce not measured (%s: %s); the flag kernel serves every batch",
                        type(exc).__name__, exc)
@@ -165,22 +144,22 @@ class SymmetricAllReduce:
     for the fused path, `fused` [2 halves, max rows, hidden] for `partial`."""
 
     def __init__(self, buf: torch.Tensor, group_name: str, fused: Optional[torch.Tensor] = None,
-                 peers: Optional[Peers] = None) -> None:
+                 peers: Optional[Peers] = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.buf, self.group_name, self.fused, self.peers = buf, group_name, fused, peers
         self.hidden = fused.shape[-1] if fused is not None else 0
-        self.gemm_rows = int(os.environ.get("TRITONGEN_FUSED_GEMM_ALLREDUCE_ROWS", DEFAULT_GEMM_ROWS))
-        self.timeout_s = timeout().total_seconds()
+        self.timeout_s = timeout_s
         """A dead peer fails the fused kernels after this, as NCCL's watchdog fails a collective."""
         self._pending: Optional[tuple[int, int]] = None
         """(data_ptr, half) of partial sums handed out by `partial` and not reduced yet."""
-        self._gemm: Optional[tuple[torch.Tensor, torch.Tensor, dict]] = None
-        """(x, weight, configuration) of a pending product left to the reducing kernel (`defer_gemm`)."""
 
     @classmethod
-    def create(cls, dtype: torch.dtype, device: torch.device, hidden: int = 0, fused_rows: Optional[int] = None
+    def create(cls, dtype: torch.dtype, device: torch.device, hidden: int = 0, fused_rows: Optional[int] = None,
+               lamport: Optional[bool] = None, timeout_s: float = DEFAULT_TIMEOUT_S
                ) -> Optional["SymmetricAllReduce"]:
         """Collective over all ranks of the default group; None (NCCL stays) where torch lacks the
-        ops or the rendezvous fails: the path is an optimization, never a requirement."""
+        ops or the rendezvous fails: the path is an optimization, never a requirement. `hidden` 0:
+        no fused path; `fused_rows` None: DEFAULT_FUSED_ROWS; `lamport` None: measured at load
+        (ParallelConfig's fields of the same meaning)."""
         if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "two_shot_all_reduce_"):
             logger.info("symmetric-memory all-reduce: not in this torch; NCCL for all all-reduces")
             return None
@@ -200,20 +179,19 @@ class SymmetricAllReduce:
             buf = symm_mem.empty(MAX_BYTES // elt, dtype=dtype, device=device)
             symm_mem.rendezvous(buf, group_name)
             if fused_rows is None:
-                fused_rows = int(os.environ.get("TRITONGEN_FUSED_ALLREDUCE_ROWS", DEFAULT_FUSED_ROWS))
+                fused_rows = DEFAULT_FUSED_ROWS
             # hidden * elt % 16: rows 16-byte aligned, for the kernel's vector loads
-            if _mode() == "twoshot" or fused_rows <= 0 or hidden * elt % 16:
+            if fused_rows <= 0 or hidden * elt % 16:
                 hidden = 0
-            lamport = _lamport_mode()
-            fused, peers = (_fused_region(dtype, device, fused_rows, hidden, group_name, lamport != "off")
+            fused, peers = (_fused_region(dtype, device, fused_rows, hidden, group_name, lamport is not False)
                             if hidden else (None, None))
-            if peers is not None and lamport == "on":
+            if peers is not None and lamport:
                 peers.lamport_rows = min(peers.lamport_epoch.numel(), fused_rows)
-            elif peers is not None and lamport == "auto":
-                peers.lamport_rows = _measured_lamport_rows(fused, peers)
+            elif peers is not None and lamport is None:
+                peers.lamport_rows = _measured_lamport_rows(fused, peers, timeout_s)
             logger.info("symmetric-memory all-reduce for up to %d MiB per call, NCCL above%s", MAX_BYTES >> 20,
                         f"; fused with the next RMSNorm up to {fused_rows} rows" if hidden else "")
-            return cls(buf, group_name, fused, peers)
+            return cls(buf, group_name, fused, peers, timeout_s)
         except Exception as exc:  # noqa: BLE001 - fall back to NCCL, say why
             logger.warning("symmetric-memory all-reduce unavailable (%s: %s); NCCL for all all-reduces",
                            type(exc).__name__, exc)
@@ -236,17 +214,6 @@ class SymmetricAllReduce:
         self._pending = (part.data_ptr(), half)
         return part
 
-    def defer_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Leave the product x [rows, K] @ weight.T of the partial sums just handed out by `partial` to
-        the reducing kernel (one launch for GEMM, all-reduce, add and RMSNorm), where it applies:
-        up to `gemm_rows` rows with a measured single-pass skinny GEMM configuration. The decision
-        depends only on what every rank sees alike (rows, shape, the rank-agreed measurements)."""
-        cfg = kernels.single_pass_gemm_config(weight, x.shape[0]) if x.shape[0] <= self.gemm_rows else None
-        if cfg is None or self._pending is None:
-            return False
-        self._gemm = (x, weight, cfg)
-        return True
-
     def is_pending(self, x: torch.Tensor) -> bool:
         """Whether `x` holds the partial sums `partial` handed out (and no one else touched them)."""
         if self._pending is None:
@@ -260,21 +227,17 @@ class SymmetricAllReduce:
         """(rms_norm(Σ_ranks x + residual), Σ_ranks x + residual) for the pending partial sums `x`."""
         if not self.is_pending(x):
             raise RuntimeError("reduce_add_rms_norm without pending partial sums")
-        half, gemm = self._pending[1], self._gemm
-        self._pending = self._gemm = None
-        return self._reduce_add_rms_norm(x, half, gemm, residual, weight, eps)
+        half = self._pending[1]
+        self._pending = None
+        return self._reduce_add_rms_norm(x, half, residual, weight, eps)
 
-    def _reduce_add_rms_norm(self, x: torch.Tensor, half: int, gemm: Optional[tuple], residual: torch.Tensor,
+    def _reduce_add_rms_norm(self, x: torch.Tensor, half: int, residual: torch.Tensor,
                              weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         from tritongen.ops import triton_allreduce
 
         p = self.peers
         assert p is not None
         offset = half * self.fused.shape[1] * self.hidden
-        if gemm is not None:
-            return triton_allreduce.gemm_allreduce_add_rms_norm(*gemm, p.buf_ptrs, p.flag_ptrs, p.epoch, p.count,
-                                                                offset, residual, weight, eps, p.rank,
-                                                                timeout_s=self.timeout_s)
         rows = x.numel() // x.shape[-1]
         if rows <= p.lamport_rows:
             from tritongen.ops.triton_lamport import lamport_add_rms_norm

@@ -15,7 +15,8 @@ heads read, so every rank has kv_heads_per_rank(arch, world_size) >= 1 heads in 
 Two halves, so a rank never holds the full weights: `shard_modules` swaps in modules of the rank's
 shapes (on the meta device, before allocation), and `ShardSpec`s (`shard_specs`) say which slice of
 each full HF-named checkpoint tensor a rank keeps; the loader slices as it reads. `shard_model` does
-both to a model whose full weights are already loaded. Shard before fuse_projections(): fusing
+both to a model whose full weights are already loaded, and `model_split` hands both to the loader
+(models.loader.ModelSplit), which builds a rank's part directly. Shard before fuse_projections(): fusing
 stacks the per-rank slices, and the state dict of a sharded model holds each rank's slices under
 the HF names.
 """
@@ -29,8 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from tritongen.config import ParallelConfig
 from tritongen.models.arch import LLAMA_FAMILY, ModelArch
 from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
+from tritongen.models.loader import ModelSplit
 from tritongen.ops import kernels
 from tritongen.parallel.symmetric import SymmetricAllReduce
 
@@ -69,17 +72,21 @@ def kv_heads_per_rank(arch: ModelArch, world_size: int) -> int:
 
 
 class Shard:
-    """Where this rank sits: rank, world_size and the process group of its collectives."""
+    """Where this rank sits: rank, world_size and the process group of its collectives, and the
+    engine's ParallelConfig (which all-reduce kernels it may use, how long it waits for peers)."""
 
     def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup] = None,
-                 custom_all_reduce: bool = True) -> None:
+                 config: ParallelConfig = ParallelConfig()) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, {world_size})")
-        self.rank, self.world_size, self.group = rank, world_size, group
-        self.custom_all_reduce = custom_all_reduce
-        """False: NCCL for every all-reduce (ParallelConfig.disable_custom_all_reduce)."""
+        self.rank, self.world_size, self.group, self.config = rank, world_size, group, config
         self.symmetric: Optional[SymmetricAllReduce] = None
         """Set on CUDA (ModelRunner): row-parallel layers then reduce decode-sized outputs through it."""
+
+    @property
+    def custom_all_reduce(self) -> bool:
+        """False: NCCL for every all-reduce (ParallelConfig.disable_custom_all_reduce)."""
+        return not self.config.disable_custom_all_reduce
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
@@ -178,6 +185,12 @@ def shard_modules(model: LlamaForCausalLM, shard: Shard) -> None:
     model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
 
 
+def model_split(arch: ModelArch, shard: Shard) -> ModelSplit:
+    """What the loader needs to build this rank's part of `arch` directly (shapes and slices)."""
+    return ModelSplit(restructure=lambda model: shard_modules(model, shard),
+                      spec=shard_specs(arch, shard.rank, shard.world_size))
+
+
 def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
                 group: Optional[dist.ProcessGroup] = None) -> None:
     """Replace the projections, embedding and lm_head of a model with loaded full weights, in
@@ -244,8 +257,7 @@ class RowParallelLinear(nn.Linear):
             part = sym.partial(self.half, rows, self.out_features)
             if part is not None:
                 x2 = x.reshape(rows, x.shape[-1])
-                if not sym.defer_gemm(x2, self.weight):  # else the ReducingRMSNorm's kernel computes it
-                    kernels.linear(x2, self.weight, out=part)
+                kernels.linear(x2, self.weight, out=part)
                 return part.view(*x.shape[:-1], self.out_features)
         out = sym.output(rows, self.out_features) if sym is not None else None
         if out is None:
@@ -263,7 +275,7 @@ class ReducingRMSNorm(RMSNorm):
 
     def __init__(self, norm: RMSNorm, shard: Shard) -> None:
         nn.Module.__init__(self)
-        self.weight, self.eps, self.shard = norm.weight, norm.eps, shard
+        self.weight, self.eps, self.offset, self.shard = norm.weight, norm.eps, norm.offset, shard
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         sym = self.shard.symmetric

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -16,6 +15,7 @@ import torch
 from tritongen.config import CacheConfig, ModelConfig, SchedulerConfig
 from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
+from tritongen.ops import kernels
 from tritongen.ops.attention import AttentionMetadata, select_attention_backend
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
@@ -78,8 +78,13 @@ class ModelRunner:
 
         arch = read_arch(model_path)
         self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
+        split = None
+        if shard is not None:
+            from tritongen.parallel.tensor_parallel import model_split
+
+            split = model_split(arch, shard)
         self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed,
-                                           shard=shard, quantization=model_config.quantization)
+                                           split=split, quantization=model_config.quantization)
         self.model.eval()
         if self.device.type == "cuda":
             self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
@@ -91,17 +96,22 @@ class ModelRunner:
         self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed) if driver else None
         self._pin = self.device.type == "cuda"
         self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
-        if self.attention_backend == "triton":
-            self._select_decode_gemms()
+        self.kernels = kernels.KernelChoices(triton=self.attention_backend == "triton")
+        """This engine's kernel dispatch, active around each of its forward passes."""
+        if self.kernels.triton:
+            self._select_decode_gemms(model_config.fused_silu_mul)
         if shard is not None and shard.custom_all_reduce and symmetric.wanted(self.device, shard.world_size):
             # With the Triton kernels, small batches also fuse the all-reduce into the next RMSNorm.
+            p = shard.config
             shard.symmetric = symmetric.SymmetricAllReduce.create(
-                self.dtype, self.device, hidden=self.arch.hidden_size if self.attention_backend == "triton" else 0)
+                self.dtype, self.device, hidden=self.arch.hidden_size if self.kernels.triton else 0,
+                fused_rows=p.fused_all_reduce_rows, lamport=p.lamport_all_reduce, timeout_s=p.tp_timeout_s)
         max_len = min(model_config.max_model_len or self.arch.max_position_embeddings,
                       self.num_blocks * self.block_size)
-        self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
-                                         self.attention_backend, scheduler_config.max_num_seqs, max_len,
-                                         self.block_size)
+        with kernels.active(self.kernels):
+            self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
+                                             self.attention_backend, scheduler_config.max_num_seqs, max_len,
+                                             self.block_size)
         tokens = self.num_blocks * self.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
@@ -118,18 +128,20 @@ class ModelRunner:
             names = quantize_layers(self.model, plan)
             logger.info("fp8: %d linear layers quantized per output channel", len(names))
 
-    def _select_decode_gemms(self) -> None:
-        """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture)."""
+    def _select_decode_gemms(self, fused_silu_mul: bool) -> None:
+        """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture);
+        with `fused_silu_mul`, the gate/up GEMM with SiLU·mul in its epilogue against the pair too."""
         from tritongen.ops import triton_gemv
 
         weights = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-        made = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks)
+        made = self.kernels.gemm = triton_gemv.select_kernels(weights, agree=self._mean_over_ranks)
         logger.info("decode GEMMs: the Triton skinny kernel serves %d of %d (shape, rows) cases, cuBLAS the rest",
                     sum(c is not None for c in made.values()), len(made))
         gate_up = [m.gate_up_proj.weight for m in self.model.modules()
                    if isinstance(getattr(m, "gate_up_proj", None), torch.nn.Linear)]  # not FP8 layers
-        if gate_up and os.environ.get("TRITONGEN_FUSED_SILU_MUL", "1") != "0":
-            made = triton_gemv.select_gated_kernels(gate_up, agree=self._mean_over_ranks)
+        if gate_up and fused_silu_mul:
+            made = self.kernels.gated = triton_gemv.select_gated_kernels(gate_up, self.kernels.gemm,
+                                                                         agree=self._mean_over_ranks)
             logger.info("gate/up GEMM with SiLU·mul fused: %d of %d (shape, rows) cases",
                         sum(c is not None for c in made.values()), len(made))
 
@@ -230,6 +242,10 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput) -> Callable[[], ModelOutput]:
         """Queue the step on the device; the returned function waits for the sampled ids."""
+        with kernels.active(self.kernels):
+            return self._launch(sched)
+
+    def _launch(self, sched: SchedulerOutput) -> Callable[[], ModelOutput]:
         if self.sampler is not None:
             self.sampler.drop(sched.finished_request_ids)
         if sched.is_empty:

@@ -3,10 +3,8 @@
 The engine (scheduler, detokenizer) exists once, in the caller's process, which is rank 0. Each
 step, TensorParallelRunner sends every worker the step's compact message (worker.step_message),
 then runs its own shard; the ranks meet only in the model's collectives, and only rank 0 samples.
-Workers are fresh interpreters (`python -m tritongen.parallel.worker`, never forked: CUDA and the
-engine's threads do not survive a fork; not multiprocessing's spawn either, which re-imports the
-caller's __main__) that read pickled messages from an inherited pipe, so they start the same way
-from a script, a test or Triton's Python-backend stub.
+Workers are fresh interpreters (`python -m tritongen.runner.tp_worker`, tritongen/processes.py) that
+read pickled messages from an inherited pipe.
 """
 from __future__ import annotations
 
@@ -14,18 +12,16 @@ import contextlib
 import gc
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tritongen.config import EngineConfig
 from tritongen.netutil import free_ports
-from tritongen.parallel.worker import WorkerSpec, step_message, timeout
+from tritongen.processes import end_process, spawn_module
+from tritongen.runner.tp_worker import WorkerSpec, step_message, timeout
 from tritongen.types import ModelOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -61,35 +57,6 @@ def check_tensor_parallel(config: EngineConfig, model_path: str) -> str:
     return "gloo"
 
 
-def python_executable() -> str:
-    """The interpreter for worker processes. Inside Triton's stub sys.executable is not Python."""
-    for candidate in (sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or ""):
-        if candidate and os.path.basename(candidate).startswith("python") and os.access(candidate, os.X_OK):
-            return candidate
-    raise RuntimeError("no Python interpreter found for tensor parallel workers (set PATH to include python3)")
-
-
-def spawn_module(module: str, fd: int) -> subprocess.Popen:
-    """`python -m <module> <fd>` with this tritongen importable and `fd` inherited: how the
-    tensor-parallel workers and the engine process start (no fork, no multiprocessing spawn)."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])  # the directory that holds tritongen
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    return subprocess.Popen([python_executable(), "-m", module, str(fd)], pass_fds=(fd,), env=env, close_fds=True)
-
-
-def end_process(proc: subprocess.Popen, timeout: float) -> None:
-    """Wait up to `timeout` for proc to exit, then terminate it, then kill it."""
-    for end in (None, proc.terminate, proc.kill):
-        if end is not None:
-            end()
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 class WorkerLostError(RuntimeError):
     """A tensor-parallel worker died: no later step can run (the AsyncLLM engine stops at once)."""
 
@@ -106,7 +73,7 @@ class _Workers:
     def start(self, spec: WorkerSpec) -> None:
         read_fd, write_fd = os.pipe()
         try:
-            proc = spawn_module("tritongen.parallel.worker", read_fd)
+            proc = spawn_module("tritongen.runner.tp_worker", read_fd)
         finally:
             os.close(read_fd)
         conn = Connection(write_fd, readable=False)
@@ -189,8 +156,9 @@ class TensorParallelRunner:
         try:
             for rank in range(1, n):
                 self._workers.start(WorkerSpec(rank, n, backend, init_method, config, model_path, os.getpid()))
-            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=n, timeout=timeout())
-            shard = Shard(0, n, custom_all_reduce=not config.parallel.disable_custom_all_reduce)
+            dist.init_process_group(backend, init_method=init_method, rank=0, world_size=n,
+                                    timeout=timeout(config.parallel))
+            shard = Shard(0, n, config=config.parallel)
             self.runner = ModelRunner(config.model, config.cache, config.scheduler, model_path, shard=shard,
                                       driver=True)
         except BaseException:

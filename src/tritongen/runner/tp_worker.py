@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
-from tritongen.config import EngineConfig
+from tritongen.config import EngineConfig, ParallelConfig
+from tritongen.processes import exit_with_parent
 from tritongen.types import SamplingParams, ScheduledSeq, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -37,20 +36,9 @@ def step_message(sched: SchedulerOutput) -> SchedulerOutput:
     return SchedulerOutput(seqs, previous_rows=sched.previous_rows, num_previous=sched.num_previous)
 
 
-def timeout() -> timedelta:
+def timeout(config: ParallelConfig) -> timedelta:
     """How long a collective (and start-up) waits for the other ranks."""
-    return timedelta(seconds=float(os.environ.get("TRITONGEN_TP_TIMEOUT_S", "600")))
-
-
-def exit_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive rank 0, also when rank 0 is killed while the worker is inside a
-    collective (where a closed pipe is not noticed)."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tritongen-tp-parent-watch", daemon=True).start()
+    return timedelta(seconds=config.tp_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -75,14 +63,15 @@ def worker_main(conn: Connection) -> None:
 
     spec: WorkerSpec = conn.recv()
     rank, world_size, config = spec.rank, spec.world_size, spec.config
-    logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=config.parallel.log_level or logging.INFO,
+                        format=f"[tp rank {rank}] %(levelname)s %(name)s: %(message)s")
     exit_with_parent(spec.parent_pid)
     if spec.backend == "gloo":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
     try:
         dist.init_process_group(spec.backend, init_method=spec.init_method, rank=rank, world_size=world_size,
-                                timeout=timeout())
-        shard = Shard(rank, world_size, custom_all_reduce=not config.parallel.disable_custom_all_reduce)
+                                timeout=timeout(config.parallel))
+        shard = Shard(rank, world_size, config=config.parallel)
         runner = ModelRunner(config.model, config.cache, config.scheduler, spec.model_path, shard=shard, driver=False)
         while True:
             try:
