@@ -40,8 +40,6 @@ ENGINE_COUNTERS = {  # counter <- the engine stats() key it follows
     "tritongen_engine_steps_total": "num_steps",
     "tritongen_engine_prefill_steps_total": "num_prefill_steps",
     "tritongen_engine_steps_ahead_total": "num_steps_ahead",
-    "tritongen_request_rejected_total": "Requests refused at admission (UNAVAILABLE / 503) because the server was "
-                                        "full (max_num_seqs running + max_queue waiting).",
     "tritongen_engine_failed_steps_total": "num_failed_steps",
     "tritongen_engine_restarts_total": "engine_restarts",
 }

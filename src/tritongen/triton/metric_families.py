@@ -31,6 +31,8 @@ class TritonMetricsSink:
         for alias, name in metrics.PICKER_GAUGES.items():
             self._aliases.setdefault(name, []).append(self._families[alias].Metric(labels=self._labels))
         self._gauge_values: dict[str, float] = {}
+        # The admission counter exists at 0 before the first refusal (the fronts count it, not the engine).
+        self.increment("tritongen_request_rejected_total", 0)
         self._cache_info = None
         self._cache_labels: Optional[dict[str, str]] = None
 
