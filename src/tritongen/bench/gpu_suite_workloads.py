@@ -1,6 +1,6 @@
 """gpu_suite sections over whole workloads: offline sharegpt-like-1000 against HF continuous
 batching, GPU correctness (tests/gpu + bf16-vs-fp32 logits), and serving at concurrency 128
-through benchmarks/gpu_serving.py (OpenAI server vs Triton), each with the issue's goals.
+through benchmarks/gpu_serving.py (OpenAI server vs Triton), each with its goals (docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (sequence, KV head): microseconds per call for the model shapes at small batches and several
 context lengths, each call captured in a CUDA graph (as decode runs), caches larger than L2.
 
-    PYTHONPATH=$PWD/src python3 benchmarks/decode_attn_probe.py
+    PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py
 """
 from __future__ import annotations
 

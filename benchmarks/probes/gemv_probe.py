@@ -2,7 +2,7 @@
 shape and batch rows, each timed in a CUDA graph of back-to-back calls that cycle through enough
 weight copies to defeat the 50 MB L2 (a decode step never reuses a layer's weight either).
 
-    PYTHONPATH=$PWD/src python3 benchmarks/gemv_probe.py [--rows 1,4,8,16] [--models 7b,13b,13b-tp2]
+    PYTHONPATH=$PWD/src python3 benchmarks/probes/gemv_probe.py [--rows 1,4,8,16] [--models 7b,13b,13b-tp2]
         [--configs sweep|candidates] [--splits 1,2,4] [--verbose]
 
 `--configs candidates` times only triton_gemv.CANDIDATES (what select_kernels tries at load: a quick

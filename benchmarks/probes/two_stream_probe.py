@@ -5,7 +5,7 @@ each other (the flag handshake of ops/triton_allreduce.py, the push-and-poll of
 ops/triton_lamport.py), over many back-to-back calls in CUDA graphs; the results are checked against
 the sum computed in float32.
 
-    PYTHONPATH=$PWD/src python3 benchmarks/two_stream_probe.py [--rows 1,4,16,64] [--reps 80] [--eager]
+    PYTHONPATH=$PWD/src python3 benchmarks/probes/two_stream_probe.py [--rows 1,4,16,64] [--reps 80] [--eager]
 
 Up to 64 rows: both ranks' programs (one per row, one per SM at this size) must be resident at once
 on the one GPU's 132 SMs, or a rank's spinning programs keep the other's from starting (the kernels
@@ -13,15 +13,13 @@ then time out), which two GPUs never see.
 
 Prints µs per call (both ranks' kernels of a call run concurrently) for each protocol. Local loads
 answer faster than a peer's over NVLink, so the difference between the protocols here is a lower
-bound of the one on two GPUs (benchmarks/allreduce_probe.py measures those).
+bound of the one on two GPUs (benchmarks/probes/allreduce_probe.py measures those).
 """
 from __future__ import annotations
 
 import argparse
 
 import torch
-
-from pdl_probe import time_us  # a sibling script: benchmarks/ is on sys.path when run as a script
 
 from tritongen.ops import reference
 from tritongen.ops.triton_allreduce import SLOTS, allreduce_add_rms_norm
@@ -80,6 +78,26 @@ def _rank_calls(rows: int, h: int, lamport: bool, dev: torch.device):
     return call, outs, want
 
 
+def time_us(fn, reps: int, graph: bool) -> float:
+    """µs per call of fn, `reps` calls after a warm-up, captured once in a CUDA graph when `graph`."""
+    fn()
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
 def _time(call, reps: int, dev: torch.device, eager: bool = False) -> float:
     streams = [torch.cuda.Stream(dev), torch.cuda.Stream(dev)]
 
@@ -94,7 +112,7 @@ def _time(call, reps: int, dev: torch.device, eager: bool = False) -> float:
         for s in streams:
             main.wait_stream(s)
 
-    return time_us(both, 3, graph=not eager) / reps  # pdl_probe's timer: one CUDA graph of both() unless eager
+    return time_us(both, 3, graph=not eager) / reps  # one CUDA graph of both() unless eager
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """Where a large decode step's time goes on rank 0, TP=1 against TP=N: wall per engine step, GPU busy
 time, the share spent inside NCCL kernels (a rank waiting for the slower one), the device's idle
-gaps (waiting for the host) and the host's time per phase (gap_probe's breakdown, plus the send of
+gaps (waiting for the host) and the host's time per phase (bench.step_profile's breakdown, plus the send of
 the step message to the workers).
 
-    PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/tp_host_probe.py \
+    PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/probes/tp_host_probe.py \
         --model dummy:llama-2-13b --tp 1,2 --batch 256
 On CPU (gloo, tiny model) it only checks the code path: --device cpu.
 """
@@ -17,9 +17,9 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gap_probe import _gaps, _host_breakdown, _kernels
 from tritongen import LLM
 from tritongen.bench.offline import fixed_length_params
+from tritongen.bench.step_profile import device_gaps, host_breakdown, kernel_spans
 
 
 def probe(args: argparse.Namespace, tp: int) -> str:
@@ -46,10 +46,10 @@ def probe(args: argparse.Namespace, tp: int) -> str:
             for _ in range(args.steps):
                 eng.step()
             sync()
-        kernels = _kernels(prof)
-        g = _gaps(kernels, args.steps)
+        kernels = kernel_spans(prof)
+        g = device_gaps(kernels, args.steps)
         nccl = sum(e - s for s, e, n in kernels if "nccl" in n.lower()) / args.steps / 1e3
-        breakdown = _host_breakdown(eng, args.steps)
+        breakdown = host_breakdown(eng, args.steps)
         return (f"TP={tp} batch {running}: wall {wall:.3f} ms/step | GPU busy {g['busy_ms']:.3f} ms, of which NCCL "
                 f"{nccl:.3f} ms | idle gaps >=50us {g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step), "
                 f"5-50us {g['gap_5_50us_ms']:.3f} ms, <5us {g['gap_lt5us_ms']:.3f} ms\n"

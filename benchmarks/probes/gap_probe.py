@@ -1,0 +1,75 @@
+"""Where a batch-1 decode step's device time goes between kernels: for each engine loop
+(asynchronous scheduling, pipelined, sequential) profile decode steps and split the idle time of
+the GPU stream into small gaps (inside a CUDA graph) and large ones (the device waiting for the
+host); also replay the batch-1 graph alone back to back (no host work at all).
+
+    PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/probes/gap_probe.py --model dummy:llama-2-7b
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tritongen import LLM
+from tritongen.bench.offline import fixed_length_params
+from tritongen.bench.step_profile import device_gaps, host_breakdown, kernel_spans
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="dummy:llama-2-7b")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cuda", help="cpu only checks the script (tiny model, nothing to see)")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
+    llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device)
+    eng = llm.engine
+    modes = {"async": (True, True), "pipelined": (True, False), "sequential": (False, False)}
+    for name, (pipelined, async_) in modes.items():
+        eng.pipelined, eng.async_scheduling = pipelined, async_
+        eng.add_request(name, list(range(100, 228)), fixed_length_params(4 * args.steps + 40))
+        for _ in range(10):
+            eng.step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            eng.step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / args.steps * 1e3
+        with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
+            for _ in range(args.steps):
+                eng.step()
+            torch.cuda.synchronize()
+        g = device_gaps(kernel_spans(prof), args.steps)
+        breakdown = host_breakdown(eng, args.steps)
+        eng.abort(name)
+        while eng.has_unfinished():
+            eng.step()
+        print(f"{name:10s} wall {wall:.3f} ms/step | kernels {g['kernels_per_step']:.0f}/step busy {g['busy_ms']:.3f} ms"
+              f" | gaps <5us {g['gap_lt5us_ms']:.3f} ms, 5-50us {g['gap_5_50us_ms']:.3f} ms, >=50us "
+              f"{g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step)", flush=True)
+        for (a, b), us in g["top_large"]:
+            print(f"    large gaps {us / args.steps:8.1f} us/step after {a!r} before {b!r}")
+        print(breakdown, flush=True)
+    graphs = eng.runner.graphs
+    if graphs is not None:
+        g1 = graphs.graphs[1]
+        for _ in range(5):
+            g1.replay()
+        torch.cuda.synchronize()
+        host = 0.0
+        t0 = time.perf_counter()
+        for _ in range(50):
+            h0 = time.perf_counter()
+            g1.replay()
+            host += time.perf_counter() - h0
+        torch.cuda.synchronize()
+        print(f"batch-1 graph replayed back to back: {(time.perf_counter() - t0) / 50 * 1e3:.3f} ms per replay, "
+              f"host inside replay() {host / 50 * 1e3:.3f} ms (model only, no logits or sampling)")
+
+if __name__ == "__main__":
+    main()
