@@ -4,8 +4,8 @@
 
 Rendering is Helm's own (Helm v4 through the `helm-python-sdk` wheel's libhelm_c: `install` with a
 client-only dry run, which is what `helm template` does), after `helm lint`. Core objects are
-validated against the Kubernetes OpenAPI schemas of `kubernetes-validate` (strict: unknown fields
-fail); the custom resources (InferencePool, ServiceMonitor, PodMonitor, ScaledObject) against the
+validated against the Kubernetes OpenAPI schemas of `kubernetes-validate`, 1.30 and 1.37 (strict:
+unknown fields fail); the custom resources (InferencePool, ServiceMonitor, PodMonitor, ScaledObject) against the
 schemas in deploy/helm/schemas/crds.json. Prints one line per object; exits 1 on any error.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 CHART = HERE / "tritongen"
 CRD_SCHEMAS = HERE / "schemas" / "crds.json"
-KUBERNETES_VERSION = "1.34.0"  # the oldest version whose schemas have the preStop sleep action's fields we use
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # the chart's kubeVersion floor and the newest schemas there are
 
 
 def values_files() -> list[Optional[Path]]:
@@ -56,12 +56,13 @@ def validate(obj: dict) -> Optional[str]:
     if key in crds:
         errors = sorted(jsonschema.Draft202012Validator(crds[key]).iter_errors(obj), key=str)
         return "; ".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors) or None
-    try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        return f"{'/'.join(map(str, exc.path))}: {exc.message}"
-    except kubernetes_validate.SchemaNotFoundError:
-        return f"no schema for {key}"
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            return f"Kubernetes {version}: {'/'.join(map(str, exc.path))}: {exc.message}"
+        except kubernetes_validate.SchemaNotFoundError:
+            return f"no schema for {key} in Kubernetes {version}"
     return None
 
 
