@@ -64,6 +64,12 @@ class SamplingParams:
         """Repetition, presence or frequency penalty: sampling reads the tokens so far."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    def samples_from_host_tokens(self, num_output_tokens: int) -> bool:
+        """Whether sampling the token after `num_output_tokens` outputs reads the request's tokens
+        on the host: penalties count them, and min_tokens stops masking EOS exactly there. Such a
+        step cannot be scheduled before the previous one's token is known."""
+        return self.uses_penalties or num_output_tokens == self.min_tokens
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

@@ -92,9 +92,9 @@ class Scheduler:
 
         None (the caller waits for `prev`, then schedule() runs) when the next step depends on
         `prev`'s tokens on the host: a running request that `prev` does not sample (a prefill
-        chunk) or that uses penalties (they count the output tokens), the one step where
-        min_tokens stops masking EOS (the sampler counts the tokens on the host, one short while
-        `prev` runs), or no free block for a decode."""
+        chunk) or whose sampling reads its tokens on the host
+        (SamplingParams.samples_from_host_tokens: the host count is one short while `prev` runs),
+        or no free block for a decode."""
         sampled = {s.request_id: k for k, s in enumerate(s for s in prev.seqs if s.do_sample)}
         positions = {s.request_id: s.seq_len for s in prev.seqs}
         decode: list[tuple[Sequence, int]] = []
@@ -106,7 +106,7 @@ class Scheduler:
             after = seq.num_output_tokens + 1  # output tokens once prev's token is appended
             if after >= p.max_tokens or positions[seq.request_id] + 1 >= self.max_model_len:
                 continue  # prev ends it by length
-            if after == p.min_tokens or p.uses_penalties:
+            if p.samples_from_host_tokens(after):
                 return None
             decode.append((seq, k))
         budget = self.config.max_num_batched_tokens - len(decode)
