@@ -158,7 +158,7 @@ class _IdentityRotary(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*position_ids.shape, self.head_dim)
-        return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+        return torch.ones(shape, dtype=x.dtype, device=x.device), torch.zeros(shape, dtype=x.dtype, device=x.device)
 
 
 def _alibi_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -167,9 +167,9 @@ def _alibi_attention(module, query, key, value, attention_mask, scaling=None, dr
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
     heads, q_len, k_len = query.shape[1], query.shape[2], key.shape[2]
-    bias = build_alibi_tensor(torch.ones(1, k_len), heads, torch.float32).view(1, heads, 1, k_len)
+    bias = build_alibi_tensor(torch.ones(1, k_len), heads, torch.float32).view(1, heads, 1, k_len).to(query.device)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling + bias
-    causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+    causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
     probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1, dtype=torch.float32)
     return torch.matmul(probs.to(query.dtype), value).transpose(1, 2).contiguous(), probs
 
@@ -400,3 +400,32 @@ def test_triton_server_smoke(tmp_path) -> None:
     finally:
         server.stop()
     assert server.process.poll() is not None and all(port_is_free(p) for p in ports)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preset", DENSE_PRESETS)
+def test_cuda_engine_matches_reference(preset: str, default_model_dir, tmp_path) -> None:
+    """On CUDA (Triton attention kernels with ALiBi / softcap / per-layer windows, fused
+    projections, decode CUDA graphs) against the same float32 references on CUDA."""
+    arch_name = PRESETS[preset]["architectures"][0]
+    if arch_name == "BaichuanForCausalLM":
+        ref = _baichuan(preset, tmp_path, seed=11)
+    else:
+        ref = transformers.AutoModelForCausalLM.from_config(_hf_config(preset), dtype=torch.float32,
+                                                            attn_implementation="eager")
+        _randomize(ref, seed=1, norm_center=0.0 if arch_name.startswith("Gemma") else 1.0)
+        ref.save_pretrained(tmp_path)
+    ref = ref.cuda().eval()
+    llm = LLM(str(tmp_path), tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
+              max_num_batched_tokens=32, num_blocks=256)
+    lengths = (1, 9, 41, 70) if preset != "tiny-phi3" else (1, 9, 41)  # 70 crosses LongRoPE's boundary chunked
+    prompts = _prompts(ref.config.vocab_size, seed=6, lengths=lengths)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    try:
+        for prompt, out in zip(prompts, llm.generate(prompts, params)):
+            ids, lps = hf_greedy(ref, prompt, MAX_TOKENS)
+            assert out.token_ids == ids, (preset, len(prompt))
+            torch.testing.assert_close(torch.tensor([lp.logprob for lp in out.logprobs]), torch.tensor(lps),
+                                       atol=LOGPROB_ATOL, rtol=0)
+    finally:
+        llm.shutdown()
