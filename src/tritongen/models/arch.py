@@ -4,7 +4,8 @@ Pure Python (no torch) so that the engine can size the KV cache and read EOS ids
 What varies between families is a field here (position encoding, norm kind, MLP kind, qk-norm,
 tied embeddings, softcapping, embedding scaling), so model code reads the arch instead of testing
 class names. Each family has one parser (config.json -> ModelArch) and one writer (ModelArch ->
-config.json of the HF class, for the HF twin); `_FAMILIES` lists them.
+config.json of the HF class, for the HF twin); `_FAMILIES` lists them, and models/arch_dense.py
+those of Baichuan, Gemma and Phi-3.
 Both config.json layouts are accepted for RoPE families: the classic one (top-level `rope_theta` /
 `rope_scaling`, as on the Hub) and the transformers 5.x one (`rope_parameters`).
 """
