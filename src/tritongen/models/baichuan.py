@@ -18,7 +18,6 @@ from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from tritongen.models.arch import ModelArch
 from tritongen.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel
