@@ -77,16 +77,15 @@ def section_tests(ctx: SuiteContext) -> tuple[dict, list[Row]]:
                       goal="none fail", met=ok, note=f"{counts['failed']} failed, {counts['skipped']} skipped")]
 
 
-def section_models(ctx: SuiteContext) -> tuple[dict, list[Row]]:
-    """Batch-1 then offline for one model before the next, each with its peer."""
-    data, rows = {}, []
-    for model in ctx.cfg.bs1_models:
+def model_section(model: str):
+    """Batch-1 then offline for one model, each with its peer (one section per model, so that the
+    JSON keeps each model's results as soon as it has them)."""
+    def section(ctx: SuiteContext) -> tuple[dict, list[Row]]:
         bs1, r1 = eng.per_model(ctx, (model,), eng._bs1_one, "bs1")
         off, r2 = eng.per_model(ctx, (model,), wl._offline_one, "offline")
-        data[model] = {"bs1": bs1[model], "offline": off[model]}
-        rows += r1 + r2
         ctx.release()
-    return data, rows
+        return {"bs1": bs1[model], "offline": off[model]}, r1 + r2
+    return section
 
 
 def section_logits(ctx: SuiteContext) -> tuple[dict, list[Row]]:
@@ -125,7 +124,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     ctx = SuiteContext(cfg, root=str(ROOT), out_dir=str(out.parent))
     sections = ([] if args.skip_tests else [("tests", section_tests)]) + [
-        ("roofline", eng.section_roofline), ("models", section_models), ("logits", section_logits)]
+        ("roofline", eng.section_roofline)] + [(m, model_section(m)) for m in cfg.bs1_models] + [
+        ("logits", section_logits)]
     results = {"meta": env_info(cfg.device), "config": asdict(cfg), "sections": {}, "rows": []}
     rows: list[Row] = []
     for name, fn in sections:
