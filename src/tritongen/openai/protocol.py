@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_serializer
+
+from tritongen.params import PARAMS, Param
 
 
 class _Request(BaseModel):
@@ -21,27 +23,13 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingFields(_Request):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names, plus vLLM's extras)."""
+class _RequestFields(_Request):
+    """What /v1/completions and /v1/chat/completions share beyond the sampling fields: the request
+    itself (model, stream, ...) and what we refuse unless at its neutral value (n, best_of, logit_bias)."""
 
     model: Optional[str] = None
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
     n: Optional[int] = Field(None, ge=1)
     best_of: Optional[int] = Field(None, ge=1)
-    ignore_eos: bool = False
-    min_tokens: int = 0
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
@@ -49,6 +37,21 @@ class _SamplingFields(_Request):
     return_perf_metrics: bool = False
     """tritongen's opt-in: `usage.perf_metrics` with this request's timings (streaming: in the usage
     chunk of stream_options.include_usage)."""
+
+
+def _openai_type(p: Param) -> Any:
+    """A field's type on the wire; a list of strings may also be one string (OpenAI's `stop`)."""
+    kind = (Union[str, list[str]] if p.kind is str else list[p.kind]) if p.is_list else p.kind
+    return Optional[kind] if p.openai_null else kind
+
+
+OPENAI_PARAMS: tuple[Param, ...] = tuple(p for p in PARAMS if p.openai)
+"""The sampling fields both endpoints take by SamplingParams' names (OpenAI's, plus vLLM's extras)."""
+
+_SamplingFields = create_model(
+    "_SamplingFields", __base__=_RequestFields,
+    **{p.name: (_openai_type(p), Field(None if p.openai_null else p.default, description=p.doc))
+       for p in OPENAI_PARAMS})
 
 
 Prompt = Union[str, list[int], list[Union[str, list[int]]]]

@@ -11,15 +11,14 @@ from typing import Optional, Union
 
 from tritongen.openai.protocol import (
     ChatCompletionRequest, ChatLogprobs, ChatTokenLogprob, CompletionChoice, CompletionLogprobs,
-    CompletionRequest, PerfMetrics, TopLogprob, Usage, _SamplingFields,
+    OPENAI_PARAMS, CompletionRequest, PerfMetrics, TopLogprob, Usage, _SamplingFields,
 )
-from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+from tritongen.params import BY_NAME, MAX_LOGPROBS, SamplingParams
+from tritongen.types import RequestOutput, TokenLogprob
 
 PromptInput = Union[str, list[int]]
 # JSON has no -inf; OpenAI-compatible servers report impossible tokens with a large negative number.
 MIN_LOGPROB = -9999.0
-_SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
-_PARAM_NAMES = {f for f in SamplingParams.__dataclass_fields__}
 _FALLBACK_CHARS_PER_TOKEN = 256  # for a tokenizer that cannot list its vocabulary: generous
 
 
@@ -41,38 +40,21 @@ def _reject_unsupported(req: _SamplingFields) -> None:
         raise RequestError("best_of > 1 is not supported", "best_of")
     if req.logit_bias:
         raise RequestError("logit_bias is not supported", "logit_bias")
-    if req.seed is not None and not _SEED_RANGE[0] <= req.seed <= _SEED_RANGE[1]:
-        raise RequestError(f"seed must be a 64-bit integer, got {req.seed}", "seed")
 
 
 def sampling_params(req: _SamplingFields, max_tokens: int, logprobs: Optional[int] = None,
                     prompt_logprobs: Optional[int] = None) -> SamplingParams:
-    """SamplingParams for `req` (OpenAI defaults where a field is absent), validated."""
+    """SamplingParams for `req` (the table's defaults where a field is absent), validated: the one
+    check of this request's parameters (the engine's own call only adds the vocabulary)."""
     _reject_unsupported(req)
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=-1 if req.top_k in (None, 0) else req.top_k,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        seed=req.seed,
-        min_tokens=req.min_tokens,
-        ignore_eos=req.ignore_eos,
-        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
-        stop_token_ids=list(req.stop_token_ids or []),
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        skip_special_tokens=req.skip_special_tokens,
-    )
+    values = {p.name: p.read("openai", getattr(req, p.name)) for p in OPENAI_PARAMS}
+    values.update(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
     try:
         params.validate()
     except ValueError as exc:
         first = str(exc).split()[0]
-        raise RequestError(str(exc), first if first in _PARAM_NAMES else None) from None
+        raise RequestError(str(exc), first if first in BY_NAME else None) from None
     return params
 
 
@@ -166,7 +148,7 @@ def completion_jobs(req: CompletionRequest, tokenize, max_model_len: int) -> lis
     """Validate a completion request; `tokenize(prompt)` returns token ids or raises ValueError."""
     if req.suffix:
         raise RequestError("suffix is not supported", "suffix")
-    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    max_tokens = BY_NAME["max_tokens"].default if req.max_tokens is None else req.max_tokens
     hide = req.echo and max_tokens == 0
     prompt_lps = req.logprobs if req.echo else None
     params = sampling_params(req, 1 if hide else max_tokens, req.logprobs, prompt_lps)
@@ -205,8 +187,8 @@ def chat_params(req: ChatCompletionRequest, num_prompt_tokens: int, max_model_le
         raise RequestError("response_format other than text is not supported", "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise RequestError("top_logprobs requires logprobs to be true", "top_logprobs")
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise RequestError(f"top_logprobs must be in [0, 20], got {req.top_logprobs}", "top_logprobs")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_tokens is None:
         max_tokens = max(max_model_len - num_prompt_tokens, 1)
