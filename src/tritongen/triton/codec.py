@@ -36,7 +36,8 @@ from tritongen.triton.errors import TAG_ERRORS
 from tritongen.triton.trtllm import PERF_OUTPUT_NAMES, PerfMetrics, refuse_unsupported, word_lists
 from tritongen.triton.values import (TENSOR_KINDS, InvalidInput, convert, json_list, json_object,
                                      short)
-from tritongen.types import RequestOutput, SamplingParams, TokenLogprob
+from tritongen.params import BY_NAME, PARAMS, Param, SamplingParams
+from tritongen.types import RequestOutput, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,17 @@ class TensorSpec:
     doc: str = ""
 
 
+def _sampling_inputs() -> tuple[TensorSpec, ...]:
+    """The input tensors of the SamplingParams fields (params.PARAMS), each followed by its aliases."""
+    specs = []
+    for p in PARAMS:
+        if p.triton:
+            zero = "; 0 means the default (TensorRT-LLM)" if "triton" in p.zero_default else ""
+            specs.append(TensorSpec(p.name, p.triton, p.dims, f"SamplingParams.{p.name}{zero}"))
+            specs += [TensorSpec(a, p.triton, p.dims, f"alias of {p.name}") for a in p.aliases]
+    return tuple(specs)
+
+
 INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_input", "TYPE_STRING", (1,), "prompt text (this or input_ids)"),
     TensorSpec("input_ids", "TYPE_INT32", (-1,), "prompt token ids (this or text_input)"),
@@ -56,29 +68,12 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("streaming", "TYPE_BOOL", (1,), "alias of stream (TensorRT-LLM)"),
     TensorSpec("sampling_parameters", "TYPE_STRING", (1,), "JSON object, vllm_backend layout"),
     TensorSpec("exclude_input_in_output", "TYPE_BOOL", (1,), "do not echo the prompt (non-streamed text)"),
-    TensorSpec("max_tokens", "TYPE_INT32", (1,)),
-    TensorSpec("request_output_len", "TYPE_INT32", (1,), "alias of max_tokens"),
-    TensorSpec("temperature", "TYPE_FP32", (1,), "0 = greedy"),
-    TensorSpec("top_p", "TYPE_FP32", (1,), "0 means disabled (TensorRT-LLM)"),
-    TensorSpec("top_k", "TYPE_INT32", (1,), "0 or -1 means disabled"),
-    TensorSpec("runtime_top_k", "TYPE_INT32", (1,), "alias of top_k"),
-    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), "alias of top_p"),
-    TensorSpec("min_p", "TYPE_FP32", (1,)),
-    TensorSpec("repetition_penalty", "TYPE_FP32", (1,)),
-    TensorSpec("presence_penalty", "TYPE_FP32", (1,)),
-    TensorSpec("frequency_penalty", "TYPE_FP32", (1,)),
-    TensorSpec("seed", "TYPE_UINT64", (1,)),
-    TensorSpec("random_seed", "TYPE_UINT64", (1,), "alias of seed"),
-    TensorSpec("min_tokens", "TYPE_INT32", (1,)),
-    TensorSpec("min_length", "TYPE_INT32", (1,), "alias of min_tokens"),
-    TensorSpec("ignore_eos", "TYPE_BOOL", (1,)),
+) + _sampling_inputs() + (
     TensorSpec("end_id", "TYPE_INT32", (1,), "an extra token id that ends generation"),
     TensorSpec("pad_id", "TYPE_INT32", (1,), "accepted and ignored"),
     TensorSpec("beam_width", "TYPE_INT32", (1,), "must be 1"),
     TensorSpec("len_penalty", "TYPE_FP32", (1,), "beam search only: no effect at beam_width 1"),
     TensorSpec("length_penalty", "TYPE_FP32", (1,), "alias of len_penalty"),
-    TensorSpec("stop", "TYPE_STRING", (-1,), "stop strings"),
-    TensorSpec("stop_words", "TYPE_STRING", (-1,), "alias of stop"),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), "must be empty"),
     TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), "stop token sequences: ids, end offsets (-1 padded)"),
     TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), "must hold no word"),
@@ -102,6 +97,9 @@ INPUTS: tuple[TensorSpec, ...] = (
                "reserved for tritongen's forwarding models (needs the engine model's secret token, "
                "triton/control.py); from a client: INVALID_ARG"),
 )
+"""The engine model's inputs: the prompt and request-level inputs, the sampling fields' tensors
+(from params.PARAMS), then TensorRT-LLM's controls that are no SamplingParams field."""
+SAMPLING_INPUT_NAMES = frozenset(n for p in PARAMS for n in p.tensor_names)
 
 OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_output", "TYPE_STRING", (-1,)),
@@ -118,35 +116,23 @@ OUTPUTS: tuple[TensorSpec, ...] = (
           for n in PERF_OUTPUT_NAMES)
 INPUT_NAMES = frozenset(s.name for s in INPUTS)
 
-# Scalar tensors that set a SamplingParams field: input name -> (field, kind).
-_SCALAR_PARAMS: dict[str, tuple[str, type]] = {
-    "max_tokens": ("max_tokens", int), "request_output_len": ("max_tokens", int),
-    "temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
-    "runtime_top_p": ("top_p", float), "runtime_top_k": ("top_k", int),
-    "min_p": ("min_p", float), "repetition_penalty": ("repetition_penalty", float),
-    "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float),
-    "seed": ("seed", int), "random_seed": ("seed", int),
-    "min_tokens": ("min_tokens", int), "min_length": ("min_tokens", int),
-    "ignore_eos": ("ignore_eos", bool),
-}
-# Inputs that only TensorRT-LLM-style clients send (they never echo the prompt). Sampling names
-# such as max_tokens or temperature are not among them: HTTP /generate turns vllm_backend-style
-# {"parameters": {"max_tokens": 8}} into input tensors of the same names.
-_TRTLLM_ONLY = ("request_output_len", "stop_words", "bad_words", "end_id", "pad_id", "beam_width", "random_seed",
-                "min_length", "return_log_probs", "is_return_log_probs", "streaming", "runtime_top_k", "runtime_top_p",
-                "len_penalty", "length_penalty", "stop_words_list", "bad_words_list", "return_perf_metrics")
-_SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "runtime_top_k", "runtime_top_p", "sampling_parameters")
+# Scalar tensors that set a SamplingParams field: input name (or alias) -> its Param.
+_SCALAR_PARAMS: dict[str, Param] = {n: p for p in PARAMS if p.triton and not p.is_list for n in p.tensor_names}
+_STOP_INPUTS = BY_NAME["stop"].tensor_names
+# Inputs that only TensorRT-LLM-style clients send (they never echo the prompt): the fields'
+# aliases and TensorRT-LLM's own controls. Sampling names such as max_tokens or temperature are not
+# among them: HTTP /generate turns vllm_backend-style {"parameters": {"max_tokens": 8}} into input
+# tensors of the same names.
+_TRTLLM_ONLY = tuple(a for p in PARAMS for a in p.aliases) + (
+    "bad_words", "end_id", "pad_id", "beam_width", "return_log_probs", "is_return_log_probs", "streaming",
+    "len_penalty", "length_penalty", "stop_words_list", "bad_words_list", "return_perf_metrics")
+_SAMPLING_INPUTS = tuple(n for p in PARAMS if p.sets_sampling for n in p.tensor_names) + ("sampling_parameters",)
 LAYOUT_PARAMETER = "tritongen_layout"
 """Request parameter a forwarding model sets to "trtllm" for its TensorRT-LLM-shaped clients
 (tensorrt_llm_bls, the ensemble): their defaults (no echo, greedy) then apply to text requests too."""
 
-# sampling_parameters JSON keys (vllm_backend layout): key -> kind of the SamplingParams field.
-_JSON_PARAMS: dict[str, type] = {
-    "max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-    "repetition_penalty": float, "presence_penalty": float, "frequency_penalty": float, "seed": int,
-    "min_tokens": int, "ignore_eos": bool, "stop": list, "stop_token_ids": list,
-    "include_stop_str_in_output": bool, "logprobs": int, "skip_special_tokens": bool,
-}
+# sampling_parameters JSON keys (vllm_backend layout) -> their Param.
+_JSON_PARAMS: dict[str, Param] = {p.name: p for p in PARAMS if p.json}
 # vLLM keys we accept only at the value that means "nothing special".
 _JSON_FIXED: dict[str, Any] = {"n": 1, "best_of": 1, "use_beam_search": False}
 # Request-level keys that may ride along in the JSON (generate endpoint "parameters").
@@ -245,13 +231,10 @@ def _apply_json(fields: dict, obj: dict, source: str, strict: bool) -> dict:
     for key, value in obj.items():
         where = f"{source}.{short(key, 64, plain=True)}"
         if key in _JSON_PARAMS:
-            kind = _JSON_PARAMS[key]
+            p = _JSON_PARAMS[key]
             if value is None:
                 continue
-            if kind is list:
-                fields[key] = json_list(value, str if key == "stop" else int, where)
-            else:
-                fields[key] = convert(value, kind, where)
+            fields[key] = json_list(value, p.kind, where) if p.is_list else convert(value, p.kind, where)
         elif key in _JSON_FIXED:
             expected = _JSON_FIXED[key]
             if convert(value, type(expected), where) != expected:
@@ -308,20 +291,18 @@ def _parse(request, pb) -> ParsedRequest:
     extra = _apply_json(fields, _request_parameters(request), "parameters", strict=False)
     raw = _scalar(request, pb, "sampling_parameters", str)
     extra.update(_apply_json(fields, json_object(raw, "sampling_parameters"), "sampling_parameters", strict=True))
-    for name, (attr, kind) in _SCALAR_PARAMS.items():
-        value = _scalar(request, pb, name, kind)
-        if value is None:
-            continue
-        if name in ("top_p", "runtime_top_p") and value == 0.0:
-            value = 1.0  # TensorRT-LLM: 0 disables top-p
-        fields[attr] = value
+    for name, p in _SCALAR_PARAMS.items():
+        raw = _scalar(request, pb, name, p.kind)
+        if raw is not None:
+            value = p.read("triton", raw)  # None: the default (TensorRT-LLM's top_p 0 disables it)
+            fields[p.name] = p.default if value is None else value
     stop_sequences = _trtllm_extras(request, pb, fields)
     layout = codec_layout(request)
     present = lambda name: pb.get_input_tensor_by_name(request, name) is not None  # noqa: E731
     trtllm = layout == "trtllm" or any(present(n) for n in _TRTLLM_ONLY)
     if (trtllm or token_mode) and not any(present(n) for n in _SAMPLING_INPUTS) and "temperature" not in fields:
         fields["temperature"] = 0.0  # TensorRT-LLM and FasterTransformer are greedy unless asked to sample
-    stop = (_strings(request, pb, "stop") or []) + (_strings(request, pb, "stop_words") or [])
+    stop = [s for name in _STOP_INPUTS for s in _strings(request, pb, name) or []]
     if stop:
         fields["stop"] = list(fields.get("stop", [])) + stop
     outputs = OutputOptions(
