@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from tritongen.params import PARAMS
 from tritongen.triton import layouts
 from tritongen.triton.codec import INPUTS, TensorSpec
 from tritongen.triton.pbtxt import model_config, tensors, version_policy, write_forwarder, write_model
@@ -31,12 +32,13 @@ MAX_BATCH_SIZE = layouts.MAX_BATCH_SIZE
 TOKEN_STEP = "tensorrt_llm"
 BLS = "tensorrt_llm_bls"
 
-_ENSEMBLE_INPUTS = ("text_input", "max_tokens", "bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p",
-                    "temperature", "length_penalty", "repetition_penalty", "min_length", "presence_penalty",
-                    "frequency_penalty", "random_seed", "return_log_probs", "return_context_logits",
-                    "return_generation_logits", "return_perf_metrics", "beam_width", "stream",
-                    "exclude_input_in_output", "num_return_sequences", "lora_task_id", "lora_weights", "lora_config",
-                    "prompt_embedding_table", "prompt_vocab_size")
+_ENSEMBLE_INPUTS = (("text_input",) + tuple(p.ensemble for p in PARAMS if p.ensemble)
+                    + ("bad_words", "end_id", "pad_id", "length_penalty", "return_log_probs", "return_context_logits",
+                       "return_generation_logits", "return_perf_metrics", "beam_width", "stream",
+                       "exclude_input_in_output", "num_return_sequences", "lora_task_id", "lora_weights",
+                       "lora_config", "prompt_embedding_table", "prompt_vocab_size"))
+"""TensorRT-LLM's ensemble inputs: the prompt, the SamplingParams fields by their ensemble names
+(params.PARAMS), then its other controls."""
 _STEP_OUTPUTS = ("cum_log_probs", "output_log_probs") + PERF_OUTPUT_NAMES
 """Token-step outputs the ensemble returns as they are."""
 _PRE_INPUTS = (TensorSpec("QUERY", "TYPE_STRING", (1,)),)

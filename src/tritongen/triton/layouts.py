@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tritongen.params import PARAMS
 from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
 from tritongen.triton.trtllm import PERF_OUTPUT_NAMES
 
@@ -48,23 +49,29 @@ TRTLLM_TEXT_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
 ) + _PERF
 
-_FT_INPUT_NAMES = ("input_ids", "input_lengths", "request_output_len", "runtime_top_k", "runtime_top_p",
-                   "temperature", "len_penalty", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                   "random_seed", "min_length", "beam_width", "end_id", "pad_id", "stop_words_list", "bad_words_list",
-                   "is_return_log_probs", "return_log_probs", "exclude_input_in_output", "return_perf_metrics")
-_FT_UINT32 = frozenset({"input_ids", "input_lengths", "request_output_len", "runtime_top_k", "min_length",
-                        "beam_width", "end_id", "pad_id"})
 _BY_NAME = {s.name: s for s in INPUTS}
 
 
-def _ft_input(name: str) -> TensorSpec:
+def _ft_field(p) -> TensorSpec:
+    """A SamplingParams field's input in FasterTransformer's layout (params.Param.ft)."""
+    spec = _BY_NAME[p.ft.name]
+    return replace(spec, data_type=p.ft.data_type or spec.data_type, dims=p.ft.dims or spec.dims)
+
+
+_FT_OTHER = ("len_penalty", "beam_width", "end_id", "pad_id", "stop_words_list", "bad_words_list",
+             "is_return_log_probs", "return_log_probs", "exclude_input_in_output", "return_perf_metrics")
+_FT_UINT32 = frozenset({"input_ids", "input_lengths", "beam_width", "end_id", "pad_id"})
+
+
+def _ft_other(name: str) -> TensorSpec:
     spec = _BY_NAME[name]
-    if name == "request_output_len":
-        spec = replace(spec, dims=(-1,))  # FasterTransformer declared it [-1]: clients send [B, 1]
     return replace(spec, data_type="TYPE_UINT32") if name in _FT_UINT32 else spec
 
 
-FT_INPUTS: tuple[TensorSpec, ...] = tuple(_ft_input(n) for n in _FT_INPUT_NAMES)
+FT_INPUTS: tuple[TensorSpec, ...] = (
+    tuple(_ft_other(n) for n in ("input_ids", "input_lengths"))
+    + tuple(_ft_field(p) for p in PARAMS if p.ft)
+    + tuple(_ft_other(n) for n in _FT_OTHER))
 FT_OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_ids", "TYPE_UINT32", (-1, -1), "[B, 1, L]: prompt then generated ids, padded"),
     TensorSpec("sequence_length", "TYPE_UINT32", (-1,), "[B, 1]: prompt + generated ids"),
