@@ -9,13 +9,28 @@ from typing import Optional
 
 from tritongen.config import DEFAULT_MAX_QUEUE
 from tritongen.config_cli import add_engine_args, engine_kwargs
+from tritongen.params import PARAMS, SamplingParams
 
 
-def _sampling_params(args: argparse.Namespace):
-    from tritongen.types import SamplingParams
+def _add_sampling_args(g: argparse.ArgumentParser) -> None:
+    """One flag per SamplingParams field that has one in params.PARAMS, its docstring as the help."""
+    for p in PARAMS:
+        if p.cli is None:
+            continue
+        text = f"{p.doc} (default: {p.cli_default})" if not p.is_list else f"{p.doc} (repeatable)"
+        if p.kind is bool:
+            g.add_argument(p.cli, action=argparse.BooleanOptionalAction, default=p.cli_default, help=text)
+        elif p.is_list:
+            g.add_argument(p.cli, type=p.kind, action="append", default=None, help=text)
+        else:
+            g.add_argument(p.cli, type=p.kind, default=p.cli_default, help=text)
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.sampling_seed, stop=args.stop or [])
+
+def _sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The request's SamplingParams from the flags, validated (before the model loads)."""
+    params = SamplingParams(**{p.name: getattr(args, p.cli[2:].replace("-", "_")) for p in PARAMS if p.cli})
+    params.validate()
+    return params
 
 
 def _prompt_for(llm_tokenizer, args: argparse.Namespace):
@@ -148,12 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for one prompt", epilog=_presets_epilog())
     g.add_argument("prompt")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    _add_sampling_args(g)
     g.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the tokenizer's chat template when it has one")
