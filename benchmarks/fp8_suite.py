@@ -36,17 +36,6 @@ def row(name: str, value: float, unit: str, note: str = "") -> None:
     print(f"{name:<58} {value:>10.4g} {unit:<7} {note}", flush=True)
 
 
-def timed(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
-
-
 def section_tests() -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu/test_triton_fp8.py",
            "tests/unit/test_fp8.py"]
@@ -57,8 +46,11 @@ def section_tests() -> dict:
 
 
 def section_gemms(model: str) -> dict:
-    from tritongen.ops.fp8 import Fp8Scales, _scaled_mm_linear, quantize_weight
-    from tritongen.ops.triton_fp8 import fp8_linear
+    """Device time per call (CUDA graphs, as decode runs) of each decode GEMM shape: bf16 F.linear,
+    the FP8 weight-only kernel at the tiling select_configs picks, and per-token FP8 + _scaled_mm."""
+    from tritongen.ops.fp8 import Fp8Linear, Fp8Scales, _scaled_mm_linear
+    from tritongen.ops.triton_fp8 import select_configs
+    from tritongen.ops.triton_gemv import graph_time_us
 
     arch = read_arch(model)
     h, i = arch.hidden_size, arch.intermediate_size
@@ -66,22 +58,23 @@ def section_gemms(model: str) -> dict:
     shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
     out = {}
     for name, (n, k) in shapes.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        dense = [torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
         for scales in (Fp8Scales("channel"), Fp8Scales("block", (128, 128))):
-            qw, s = quantize_weight(w, scales)
-            for rows in (1, 8, 64, 512):
+            layers = [Fp8Linear.from_linear(d, scales) for d in dense]
+            chosen = select_configs(layers, torch.bfloat16)
+            for rows in (1, 8, 16):
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                t = {"bf16": timed(lambda: torch.nn.functional.linear(x, w)),
-                     "fp8_weight_only": timed(lambda: fp8_linear(x, qw, s, scales))}
+                cfg, fp8_us = chosen[(n, k, scales.kind, rows)]
+                t = {"bf16": graph_time_us(lambda d: torch.nn.functional.linear(x, d.weight), dense),
+                     "fp8_weight_only": fp8_us}
                 if scales.kind == "channel":
-                    t["fp8_scaled_mm"] = timed(lambda: _scaled_mm_linear(x, qw, s, scales, None))
+                    t["fp8_scaled_mm"] = graph_time_us(
+                        lambda layer: _scaled_mm_linear(x, layer.weight, layer.weight_scale, scales, None), layers)
                 key = f"{name} {n}x{k} {scales.kind} rows={rows}"
-                out[key] = t
-                best = min((v, m) for m, v in t.items() if m != "bf16")
-                row(f"gemm {key}", t["bf16"] / best[0], "x bf16",
-                    f"bf16 {t['bf16'] * 1e6:.1f} us, " + ", ".join(f"{m} {v * 1e6:.1f} us" for m, v in t.items()
-                                                                  if m != "bf16")
-                    + f"; fp8 weight bytes at {n * k / best[0] / 1e12:.2f} TB/s")
+                out[key] = {**t, "config": cfg}
+                row(f"gemm {key}", t["bf16"] / fp8_us, "x bf16",
+                    ", ".join(f"{m} {v:.1f} us" for m, v in t.items())
+                    + f"; fp8 bytes at {n * k / fp8_us / 1e6:.2f} TB/s; {cfg}")
     return out
 
 
@@ -100,7 +93,7 @@ def section_model(model: str, args, bw: float, tokenizer) -> dict:
     context = args.input_len + args.output_len // 2
     floors = {None: roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"],
               "fp8": fp8_floor(arch, bw, context)}
-    requests = load_dataset("sharegpt-like", args.num_prompts, 0, tokenizer)
+    requests = load_dataset("sharegpt-like", args.num_prompts, 0, tokenizer) if args.num_prompts else []
     g = torch.Generator().manual_seed(1)
     probes = [torch.randint(100, arch.vocab_size, (n,), generator=g).tolist() for n in (16, 64, 128, 256)] * 2
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=0)
@@ -117,7 +110,7 @@ def section_model(model: str, args, bw: float, tokenizer) -> dict:
         row(f"bs1 {model} {label} ms/step", step_ms, "ms",
             f"floor {floors[quant] * 1e3:.3f} ms -> fraction {frac:.3f}; load {load_s:.0f} s")
         answers[label] = [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in llm.generate(probes, greedy)]
-        off = run_offline(llm, requests)
+        off = run_offline(llm, requests) if args.num_prompts else {"rps": float("nan"), "output_tok_s": float("nan")}
         row(f"offline {model} {label} sharegpt-like-{args.num_prompts}", off["rps"], "req/s",
             f"{off['output_tok_s']:.0f} out tok/s")
         data[label] = {"bs1": lat, "fraction": frac, "floor_s": floors[quant], "offline": off, "load_s": load_s}
@@ -143,7 +136,7 @@ def main() -> int:
     ap.add_argument("--models", default="dummy:llama-2-7b,dummy:llama-2-13b")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--num-prompts", type=int, default=1000)
+    ap.add_argument("--num-prompts", type=int, default=1000, help="offline sharegpt-like requests (0: skip)")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-gemms", action="store_true")

@@ -48,3 +48,33 @@ def test_unsupported_block_sizes_are_refused_by_name():
     q, s = quantize_weight(torch.randn(40, 40, device=DEVICE), Fp8Scales("block", (20, 20)))
     with pytest.raises(ValueError, match=r"block scales of \(20, 20\) are not supported"):
         fp8_linear(torch.randn(1, 40, device=DEVICE), q, s, Fp8Scales("block", (20, 20)))
+
+
+@pytest.mark.parametrize("scales", [Fp8Scales("channel"), Fp8Scales("block", (128, 128))], ids=lambda s: s.kind)
+def test_every_candidate_tiling_matches_the_reference(scales):
+    from tritongen.ops.triton_fp8 import candidates
+
+    torch.manual_seed(3)
+    q, s = quantize_weight(torch.randn(80, 512, device=DEVICE), scales)
+    x = torch.randn(3, 512, device=DEVICE)
+    want = fp8_linear_ref(x, q, s, scales, dynamic=False)
+    configs = candidates(scales)
+    assert len(configs) >= 6 and all(128 % c["BLOCK_K"] == 0 for c in configs if scales.kind == "block")
+    for cfg in configs:
+        torch.testing.assert_close(fp8_linear(x, q, s, scales, config=cfg), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")
+def test_select_configs_gives_each_layer_a_tiling_per_row_bucket():
+    from tritongen.ops.fp8 import Fp8Linear
+    from tritongen.ops.triton_fp8 import ROW_BUCKETS, select_configs
+
+    layers = [Fp8Linear.from_linear(torch.nn.Linear(256, 384, bias=False, device="cuda", dtype=torch.bfloat16))
+              for _ in range(2)]
+    made = select_configs(layers, torch.bfloat16)
+    assert {key[3] for key in made} == set(ROW_BUCKETS)
+    assert all(set(layer.kernel_configs) == set(ROW_BUCKETS) for layer in layers)
+    x = torch.randn(5, 256, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(layers[0](x).float(), fp8_linear_ref(x, layers[0].weight, layers[0].weight_scale,
+                                                                     layers[0].scales, dynamic=False).float(),
+                               rtol=2e-2, atol=2e-2)

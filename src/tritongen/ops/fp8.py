@@ -126,15 +126,17 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales
 
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ dequant(q).T (+ bias) on the device's path (see the module docstring)."""
+               bias: Optional[torch.Tensor] = None, configs: Optional[dict] = None) -> torch.Tensor:
+    """x @ dequant(q).T (+ bias) on the device's path (see the module docstring); `configs`: the
+    layer's measured tilings per row bucket (ops.triton_fp8.select_configs)."""
     if not x.is_cuda:
         return fp8_linear_ref(x, q, scale, scales, bias, dynamic=False)
     rows = x.numel() // x.shape[-1]
     if rows <= WEIGHT_ONLY_ROWS or scales.kind == "block":
         from tritongen.ops import triton_fp8
 
-        return triton_fp8.fp8_linear(x, q, scale, scales, bias)
+        config = configs.get(triton_fp8.row_bucket(rows)) if configs else None
+        return triton_fp8.fp8_linear(x, q, scale, scales, bias, config)
     return _scaled_mm_linear(x, q, scale, scales, bias)
 
 
@@ -165,6 +167,8 @@ class Fp8Linear(nn.Module):
                                                     dtype=torch.float32, device=device), requires_grad=False)
         self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
                      if bias else None)
+        self.kernel_configs: dict[int, dict] = {}
+        """CUDA: the Triton kernel's tiling per row bucket, measured at load (triton_fp8.select_configs)."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel")) -> "Fp8Linear":
@@ -181,7 +185,7 @@ class Fp8Linear(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.scales, self.bias)
+        return fp8_linear(x, self.weight, self.weight_scale, self.scales, self.bias, self.kernel_configs)
 
     def extra_repr(self) -> str:
         block = f", block={self.scales.block}" if self.scales.block else ""

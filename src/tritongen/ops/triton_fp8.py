@@ -63,8 +63,28 @@ def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, st
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _blocks(scales: Fp8Scales, m: int) -> tuple[int, int, int]:
+CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
+                for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4))
+"""Tile candidates of the decode-sized product; select_configs times them per layer shape."""
+ROW_BUCKETS = (1, 8, 16)
+
+
+def row_bucket(rows: int) -> int:
+    return next(b for b in ROW_BUCKETS if rows <= b) if rows <= ROW_BUCKETS[-1] else 0
+
+
+def candidates(scales: Fp8Scales) -> list[dict]:
+    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block)."""
+    if scales.kind != "block":
+        return list(CONFIGS)
+    bn, bk = scales.block
+    return [c for c in CONFIGS if bn % c["BLOCK_N"] == 0 and bk % c["BLOCK_K"] == 0]
+
+
+def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int, int, int]:
     block_m = 16 if m <= 16 else 64
+    if config is not None:
+        return block_m, config["BLOCK_N"], config["BLOCK_K"], config["num_warps"]
     block_n, block_k = 64, 128
     if scales.kind == "block":
         bn, bk = scales.block
@@ -73,13 +93,14 @@ def _blocks(scales: Fp8Scales, m: int) -> tuple[int, int, int]:
         if any(b < 16 or b & (b - 1) for b in (block_n, block_k)) or bn % block_n or bk % block_k:
             raise ValueError(f"fp8 block scales of {scales.block} are not supported by the Triton kernel "
                              "(each side must be a power of two of at least 16, e.g. 128 x 128)")
-    return block_m, block_n, block_k
+    return block_m, block_n, block_k, 4
 
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+               bias: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
     """Weight-only FP8 product on the Triton kernel; same result as
-    ops.fp8.fp8_linear_ref(x, q, scale, scales, bias, dynamic=False) up to float32 summation order."""
+    ops.fp8.fp8_linear_ref(x, q, scale, scales, bias, dynamic=False) up to float32 summation order.
+    `config`: one of candidates(scales) (what select_configs chose), else a default tiling."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
@@ -89,8 +110,8 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*shape[:-1], n)
-    block_m, block_n, block_k = _blocks(scales, m)
-    s = scale.float().contiguous()
+    block_m, block_n, block_k, warps = _blocks(scales, m, config)
+    s = scale.float() if scale.dtype != torch.float32 else scale
     bn, bk = scales.block or (1, 1)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
     _fp8_weight_gemm[grid](
@@ -98,5 +119,34 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
         s.stride(0) if s.dim() == 2 else 0,
         SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-        num_warps=4)
+        num_warps=warps)
     return y.reshape(*shape[:-1], n)
+
+
+@torch.inference_mode()
+def select_configs(layers: list, dtype: torch.dtype) -> dict[tuple, dict]:
+    """Time every candidate tiling on the layers' own weights, per (N, K, scale layout) and row
+    bucket, in CUDA graphs (no launch overhead, as decode runs); each layer keeps its shape's
+    fastest in `layer.kernel_configs` {row bucket: config}. Called once at load, before capture.
+    Returns {(N, K, kind, rows): (config, microseconds)}."""
+    from tritongen.ops.triton_gemv import graph_time_us
+
+    groups: dict[tuple, list] = {}
+    for layer in layers:
+        groups.setdefault((*layer.weight.shape, layer.scales), []).append(layer)
+    made = {}
+    for (n, k, scales), group in groups.items():
+        chosen = {}
+        for rows in ROW_BUCKETS:
+            x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
+            times = []
+            for cfg in candidates(scales):
+                times.append(graph_time_us(
+                    lambda layer, cfg=cfg: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, cfg),
+                    group))
+            best = min(range(len(times)), key=times.__getitem__)
+            chosen[rows] = candidates(scales)[best]
+            made[(n, k, scales.kind, rows)] = (chosen[rows], times[best])
+        for layer in group:
+            layer.kernel_configs = dict(chosen)
+    return made
