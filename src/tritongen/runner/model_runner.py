@@ -17,6 +17,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
 from tritongen.ops import kernels
 from tritongen.ops.attention import AttentionMetadata, select_attention_backend
+from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
 from tritongen.runner.sampler import Sampler
@@ -144,6 +145,12 @@ class ModelRunner:
                                                                          agree=self._mean_over_ranks)
             logger.info("gate/up GEMM with SiLU·mul fused: %d of %d (shape, rows) cases",
                         sum(c is not None for c in made.values()), len(made))
+        fp8 = [m for m in self.model.modules() if isinstance(m, Fp8Linear)]
+        if fp8:
+            from tritongen.ops import triton_fp8
+
+            made = triton_fp8.select_configs(fp8, self.dtype)
+            logger.info("fp8 decode GEMMs: tilings chosen for %d (shape, rows) cases", len(made))
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
         """The mean of each value over the tensor-parallel ranks (a collective: every rank calls it)."""
