@@ -271,7 +271,7 @@ TERMS = [(True, None), (False, 5.0), (True, 2.0)]  # (ALiBi, logit softcap): Blo
 
 
 @pytest.mark.parametrize("alibi, softcap", TERMS)
-@pytest.mark.parametrize("case", [CASES[0], CASES[2]])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], (4, 2, 256, 16, [(9, 9), (1, 40), (6, 30)], 8)])  # + Gemma 2's head_dim
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_extend_and_split_decode_with_alibi_and_softcap_match_reference(case, alibi, softcap, dtype):
     """paged_attention_triton with the score terms: the prefill kernel (prefill, extend, an
