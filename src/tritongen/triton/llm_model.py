@@ -50,7 +50,6 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
-        from tritongen.entrypoints.async_engine import AsyncLLM
         from tritongen.triton.repo import engine_kwargs_from_config
 
         self.pb = pb_utils
@@ -65,7 +64,7 @@ class TritonPythonModel:
         engine_config = EngineConfig.from_kwargs(**kwargs)
         self.max_num_seqs = engine_config.scheduler.max_num_seqs
         self.block_size = engine_config.cache.block_size
-        self.engine = AsyncLLM(**kwargs)
+        self.engine = self._start_engine(kwargs)
         self._closing = False
         self._control_token = control.publish_token(args["model_name"])
         self._model_name = args["model_name"]
@@ -78,6 +77,12 @@ class TritonPythonModel:
         self._senders = concurrent.futures.ThreadPoolExecutor(_SENDER_THREADS, thread_name_prefix="tritongen-send")
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
+
+    def _start_engine(self, kwargs: dict):
+        """The AsyncLLM this model serves (benchmarks/stub_responses.py puts a paced engine here)."""
+        from tritongen.entrypoints.async_engine import AsyncLLM
+
+        return AsyncLLM(**kwargs)
 
     def execute(self, requests: list) -> None:
         for request in requests:
