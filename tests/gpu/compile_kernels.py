@@ -27,7 +27,9 @@ from triton.compiler import ASTSource  # noqa: E402
 from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
+from tritongen.ops import triton_fp8 as tf8  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
+from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -35,7 +37,10 @@ FLOAT_ARGS = {"eps", "scale", "softcap"}
 INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
-SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"}}
+SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
+         "_fp8_weight_gemm": {"M", "N", "K"}}
+# per kernel: pointers of another type than the activations'
+POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART", "SLOPES"}  # rope, split scratch, ALiBi
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
@@ -50,6 +55,8 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
         name = p.name
         if p.is_constexpr:
             sig[name] = "constexpr"
+        elif name in POINTER_TYPES.get(kernel.fn.__name__, {}):
+            sig[name] = POINTER_TYPES[kernel.fn.__name__][name]
         elif name in INT_ARGS or name in SIZES.get(kernel.fn.__name__, ()):
             sig[name] = "i32"
         elif name in INT64_ARGS:
@@ -126,6 +133,24 @@ def configs() -> list[tuple]:
             out.append((tg._gated_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
                                                            IEEE=dtype == "fp32"),
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
+        if dtype == "bf16":
+            out += _fp8_configs()
+    return out
+
+
+def _fp8_configs() -> list[tuple]:
+    """The FP8 weight-only kernel: every tiling candidate, decode and prefill row tiles (decode only
+    for per-tensor scales), each scale layout (block: 128 x 128, the published checkpoints' size)."""
+    out = []
+    for kind, scales in (("channel", Fp8Scales("channel")), ("tensor", Fp8Scales("tensor")),
+                         ("block", Fp8Scales("block", (128, 128)))):
+        for c in tf8.candidates(scales):
+            for block_m in (16, 64) if kind != "tensor" else (16,):
+                out.append((tf8._fp8_weight_gemm, "bf16", dict(
+                    SCALE_KIND=tf8._KIND[kind], SCALE_BN=128 if kind == "block" else 1,
+                    SCALE_BK=128 if kind == "block" else 1, HAS_BIAS=kind == "channel" and block_m == 16,
+                    BLOCK_M=block_m, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], IEEE=False),
+                    dict(num_warps=c["num_warps"])))
     return out
 
 
