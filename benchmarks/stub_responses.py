@@ -205,8 +205,8 @@ def main(argv=None) -> int:
                     row["repeat"] = rep
                     rows.append(row)
                     print(f"repeat {rep} N={n}: {row['ok']} ok, {row['errors']} errors, "
-                          f"{row['responses_s']:.0f} resp/s, ITL p50 {row['itl_p50_ms']:.2f} ms, "
-                          f"TPOT p50 {row['tpot_p50_ms']:.2f} ms"
+                          f"{row['responses_s']:.0f} resp/s, ITL p50 {row['itl_p50_ms'] or 0:.2f} ms, "
+                          f"TPOT p50 {row['tpot_p50_ms'] or 0:.2f} ms"
                           + (f", first error: {row['first_error']}" if row["first_error"] else ""), flush=True)
         finally:
             server.stop()

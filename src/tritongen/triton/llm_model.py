@@ -1,23 +1,29 @@
 """Body of the decoupled `llm` model: one instance hosts an AsyncLLM.
 
 `execute` hands each request to an asyncio loop thread and returns at once; the request's task
-streams engine outputs back through its response sender. A send is a blocking round trip to the
-server process, so sends run in a small thread pool: the loop never waits on one, sends of
-different requests overlap, and a request whose previous send is still in flight gets the steps it
-missed merged into its next response (AsyncLLM coalesces them) instead of queueing one per token.
+streams engine outputs back through its response sender. Everything that talks to the server
+process is a blocking round trip (python_backend 24.10: a send, a cancellation check, a metric
+update), and none of it runs on the loop, which must read every step of every request:
+- sends run on a few sender threads (triton/responses.py): sends of different requests overlap,
+  and a request whose previous send is still in flight gets the steps it missed merged into its
+  next response (AsyncLLM coalesces them) instead of queueing one per token;
+- a request's metric updates ride with its sends (they are applied in the sender thread before the
+  response goes out, so a client that saw the FINAL sees them counted);
+- a watcher thread polls the senders for cancellation (gRPC stream cancel, client disconnect),
+  each request every CANCEL_POLL_S, and aborts the engine request. In the server each check is
+  served by the one thread that dispatches every message of the stub, sends included: the checks
+  are spread out, never a burst of one per request.
 Every request ends with exactly one response carrying the FINAL flag (data, error, or CANCELLED).
-A watcher polls the senders for cancellation (gRPC stream cancel, client disconnect) and aborts
-the engine request at once.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import itertools
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -26,6 +32,7 @@ from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec, control, errors
 from tritongen.triton.loop import LoopThread
+from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, send_on
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.repo import parameter_value
 from tritongen.triton.trtllm import PerfMetrics
@@ -33,8 +40,10 @@ from tritongen.types import RequestOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
 
-_WATCH_INTERVAL_S = 0.05  # how often cancellation is polled
-_GAUGE_INTERVAL_S = 0.25
+_WATCH_INTERVAL_S = 0.05  # how often the drain file is looked for
+CANCEL_POLL_S = 0.2
+"""Each request's sender is asked whether it was cancelled this often (the contract: aborted
+within 0.5 s)."""
 _SENDER_THREADS = 8  # concurrent response sends (each blocks its thread for one IPC round trip)
 
 
@@ -47,6 +56,10 @@ class _Active:
 
 
 class TritonPythonModel:
+    _poll_lock = threading.Lock()
+    """Held while a sender is asked is_cancelled(): a FINAL send waits for it (see _final);
+    initialize gives each instance its own."""
+
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
@@ -74,9 +87,11 @@ class TritonPythonModel:
         self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
-        self._senders = concurrent.futures.ThreadPoolExecutor(_SENDER_THREADS, thread_name_prefix="tritongen-send")
+        self._senders = SendThreads(_SENDER_THREADS, "tritongen-send")
+        self._poll_lock = threading.Lock()
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
+        threading.Thread(target=self._poll_cancellation, name="tritongen-cancel", daemon=True).start()
 
     def _start_engine(self, kwargs: dict):
         """The AsyncLLM this model serves (benchmarks/stub_responses.py puts a paced engine here)."""
@@ -92,7 +107,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._closing = True  # in-flight requests end UNAVAILABLE ("shutting down"), not CANCELLED
         self.loop.stop()  # cancels in-flight requests: each aborts its engine request and ends FINAL
-        self._senders.shutdown(wait=False, cancel_futures=True)
+        self._senders.shutdown()
         self.engine.shutdown()
         control.remove_token(self._model_name)
 
@@ -102,6 +117,7 @@ class TritonPythonModel:
         arrival_ns = time.time_ns()
         sender = request.get_response_sender()
         tag = codec.wants_tagged_errors(request)
+        ops = MetricOps(self.metrics)
         try:
             parsed = self._admit(request)
         except codec.InvalidInput as exc:
@@ -109,8 +125,8 @@ class TritonPythonModel:
             return
         except _Rejected as exc:
             if exc.full:
-                self.metrics.increment("tritongen_request_rejected_total", 1)
-            await self._final(sender, errors.error_response(self.pb, str(exc), "UNAVAILABLE", tag))
+                ops.increment("tritongen_request_rejected_total", 1)
+            await self._final(sender, errors.error_response(self.pb, str(exc), "UNAVAILABLE", tag), ops=ops)
             return
         except Exception as exc:  # a bug of ours: the request still ends, with the cause
             logger.exception("reading a request failed")
@@ -125,21 +141,20 @@ class TritonPythonModel:
         self._active[request_id] = _Active(sender, asyncio.current_task(), client_id)
         timer = RequestTimer()
         try:
-            await self._generate(request_id, parsed, sender, timer, PerfMetrics(arrival_ns))
+            await self._generate(request_id, parsed, sender, timer, PerfMetrics(arrival_ns), ops)
         except asyncio.CancelledError:
             await self.engine.abort(request_id)  # blocks are free when this returns
-            timer.on_end("abort", self.metrics)  # the sink is silent once closing (_UnlessClosing)
-            self._update_gauges()
+            timer.on_end("abort", ops)  # the sink is silent once closing (_UnlessClosing)
             response = (errors.error_response(self.pb, "the server is shutting down", "UNAVAILABLE", tag)
                         if self._closing else errors.error_response(self.pb, "request cancelled", "CANCELLED", tag))
-            await self._final(sender, response, request_id)
+            await self._final(sender, response, request_id, ops)
         except Exception as exc:
             code = errors.error_code_for(exc)
             if code == "INTERNAL":
                 logger.exception("request %s failed", request_id)
             if code != "INVALID_ARG":
-                timer.on_end("error", self.metrics)
-            await self._final(sender, errors.error_response(self.pb, str(exc), code, tag), request_id)
+                timer.on_end("error", ops)
+            await self._final(sender, errors.error_response(self.pb, str(exc), code, tag), request_id, ops)
         finally:
             self._active.pop(request_id, None)
 
@@ -163,9 +178,11 @@ class TritonPythonModel:
         return parsed
 
     async def _generate(self, request_id: str, parsed: codec.ParsedRequest, sender,
-                        timer: Optional[RequestTimer] = None, perf: Optional[PerfMetrics] = None) -> None:
+                        timer: Optional[RequestTimer] = None, perf: Optional[PerfMetrics] = None,
+                        ops: Optional[MetricOps] = None) -> None:
         timer = timer or RequestTimer()
         perf = perf or PerfMetrics(time.time_ns())
+        ops = ops if ops is not None else MetricOps(self.metrics)
         decode = self._decode if parsed.outputs.logprobs else None
         params = self._with_stop_sequences(parsed)
         wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
@@ -173,14 +190,14 @@ class TritonPythonModel:
         async for out in self.engine.generate(parsed.prompt, params, request_id):
             if out.error:  # counted as an error by the caller, not as a finished request
                 raise EngineRequestError(f"engine error: {out.error}")
-            timer.on_output(out, self.metrics)
+            timer.on_output(out, ops)
             perf.update(out, time.time_ns(), self.block_size)
             if parsed.stream and unsent is not None:
                 out = merge_outputs(unsent, out)
                 unsent = None
             if out.finished:
                 response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
-                await self._final(sender, response, request_id)
+                await self._final(sender, response, request_id, ops)
                 return
             if not parsed.stream:
                 continue
@@ -190,7 +207,7 @@ class TritonPythonModel:
             # carries tokens: clients counting tokens per response must see it.
             elif out.delta_text or (wants_tokens and out.delta_token_ids):
                 response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
-                await self._send(functools.partial(sender.send, response))
+                await self._send(functools.partial(ops.apply_then, sender.send, response))
 
     def _with_stop_sequences(self, parsed: codec.ParsedRequest):
         """Multi-token stop words (stop_words_list) end generation where their text appears."""
@@ -218,40 +235,67 @@ class TritonPythonModel:
         return self.engine.tokenizer.decode([token_id])
 
     async def _send(self, call: functools.partial) -> None:
-        sending = asyncio.get_running_loop().run_in_executor(self._senders, call)
+        sending = send_on(self._senders, call)
         try:
             await asyncio.shield(sending)
         except asyncio.CancelledError:
             await asyncio.gather(sending, return_exceptions=True)  # one send at a time per sender
             raise
 
-    async def _final(self, sender, response, request_id: Optional[str] = None) -> None:
+    async def _final(self, sender, response, request_id: Optional[str] = None,
+                     ops: Optional[MetricOps] = None) -> None:
         if request_id is not None:
             # Before the FINAL send, not after: the watcher must never poll a closed sender
             # (python_backend frees its response factory; TRITONBACKEND_ResponseFactoryIsCancelled
-            # then crashes the server).
+            # then crashes the server). A check already under way holds _poll_lock: the FINAL
+            # waits for it (in the sender thread, never on the loop).
             self._active.pop(request_id, None)
         flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        await self._send(functools.partial(errors.send_final, sender, response, flag))
+        await self._send(functools.partial(self._send_final, ops, sender, response, flag))
+
+    def _send_final(self, ops: Optional[MetricOps], sender, response, flag: int) -> None:
+        if ops is not None:
+            ops.apply()
+        with self._poll_lock:
+            pass
+        errors.send_final(sender, response, flag)
 
     # -- background ---------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        ticks_per_gauge = max(1, round(_GAUGE_INTERVAL_S / _WATCH_INTERVAL_S))
-        for tick in itertools.count():
+        while True:
             await asyncio.sleep(_WATCH_INTERVAL_S)
             if not self._closing and self._drain_file and os.path.exists(self._drain_file):
                 self._drain()
-            for request_id, active in list(self._active.items()):
-                try:
-                    cancelled = active.sender.is_cancelled()
-                except Exception:
-                    cancelled = False
-                if cancelled:
-                    del self._active[request_id]  # cancel once: the task's cleanup must not be interrupted
-                    active.task.cancel()
-            if tick % ticks_per_gauge == 0:
-                self._update_gauges()
+
+    def _poll_cancellation(self) -> None:
+        """Watcher thread: ask every request in flight whether its client cancelled, spread over
+        CANCEL_POLL_S (a cancelled one is cancelled on the loop); then update the gauges."""
+        while not self._closing:
+            self._update_gauges()
+            started = time.monotonic()
+            snapshot = list(self._active.items())
+            for k, (request_id, active) in enumerate(snapshot):
+                ahead = started + k * CANCEL_POLL_S / len(snapshot) - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)  # evenly spread; a pass that runs late never waits
+                if self._is_cancelled(request_id, active):
+                    self.loop.loop.call_soon_threadsafe(self._cancel_polled, request_id, active)
+            time.sleep(max(0.0, CANCEL_POLL_S - (time.monotonic() - started)) if snapshot else _WATCH_INTERVAL_S)
+
+    def _is_cancelled(self, request_id: str, active: _Active) -> bool:
+        with self._poll_lock:
+            if self._active.get(request_id) is not active:
+                return False  # ended meanwhile: its sender may be closed
+            try:
+                return bool(active.sender.is_cancelled())
+            except Exception:
+                return False
+
+    def _cancel_polled(self, request_id: str, active: _Active) -> None:
+        if self._active.get(request_id) is active:
+            del self._active[request_id]  # cancel once: the task's cleanup must not be interrupted
+            active.task.cancel()
 
     def _drain(self) -> None:
         """The server is stopping: refuse new requests, end every one in flight (UNAVAILABLE)."""
@@ -263,7 +307,8 @@ class TritonPythonModel:
 
     def _update_gauges(self) -> None:
         try:
-            update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
+            with METRICS_LOCK:
+                update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:
             logger.debug("gauge update failed", exc_info=True)
 

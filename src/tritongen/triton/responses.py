@@ -1,0 +1,117 @@
+"""The send side of the `llm` model: sender threads, and metric updates that travel with a request's
+sends. In python_backend a send, like a metric update, is a blocking round trip to the server
+process (the GIL is released while it waits); the model's asyncio loop must never make one.
+
+A send costs the loop one asyncio future and one call_soon_threadsafe when it completes: no
+concurrent.futures.Future (its Condition) and no executor wrapping, which at thousands of
+responses per second were a measurable share of the stub's GIL time (docs/benchmarks.md, issue 29).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from typing import Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+
+class SendThreads:
+    """`count` daemon threads running the calls handed to submit(), in arrival order per thread."""
+
+    def __init__(self, count: int, name: str) -> None:
+        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._run, name=f"{name}_{i}", daemon=True) for i in range(count)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable, *args) -> None:
+        self._jobs.put((fn, args))
+
+    def shutdown(self) -> None:
+        """Stop the threads; calls not started yet are dropped (the model is going away)."""
+        self._stopped = True
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None or self._stopped:
+                return
+            fn, args = job
+            try:
+                fn(*args)
+            except BaseException:  # fn reports its own outcome; this keeps the thread alive
+                logger.exception("a send job failed")
+
+
+def send_on(pool, call: Callable[[], object]) -> asyncio.Future:
+    """Run `call` on `pool` (SendThreads, or any executor with submit(fn, *args)); the future, on
+    the running loop, completes with its outcome."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    pool.submit(_run_and_settle, loop, future, call)
+    return future
+
+
+def _run_and_settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, call: Callable[[], object]) -> None:
+    try:
+        call()
+        error: Optional[BaseException] = None
+    except BaseException as exc:
+        error = exc
+    try:
+        loop.call_soon_threadsafe(_settle, future, error)
+    except RuntimeError:
+        pass  # the loop is closed: nobody waits any more
+
+
+def _settle(future: asyncio.Future, error: Optional[BaseException]) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+METRICS_LOCK = threading.Lock()
+"""One metric update at a time in the process: python_backend 24.10 aborts the server
+(boost::interprocess::lock_exception) when two threads of a stub update metrics at once."""
+
+
+class MetricOps:
+    """A MetricsSink that records one request's updates; apply() makes them on the real sink. The
+    model applies them in the sender thread before the request's next send, so that the loop never
+    waits on a metric round trip and a client that saw the FINAL response sees its request counted."""
+
+    def __init__(self, sink) -> None:
+        self._sink = sink
+        self._ops: list[tuple[str, tuple]] = []
+
+    def observe(self, name: str, value: float) -> None:
+        self._ops.append(("observe", (name, value)))
+
+    def increment(self, name: str, value: float, labels: Optional[dict] = None) -> None:
+        self._ops.append(("increment", (name, value, labels)))
+
+    def set_gauge(self, name: str, value: float) -> None:
+        self._ops.append(("set_gauge", (name, value)))
+
+    def apply(self) -> None:
+        ops, self._ops = self._ops, []
+        with METRICS_LOCK:
+            for method, args in ops:
+                try:
+                    getattr(self._sink, method)(*args)
+                except Exception:
+                    logger.debug("metric update %s%r failed", method, args, exc_info=True)
+
+    def apply_then(self, fn: Callable, *args) -> None:
+        """apply(), then fn(*args) (a send)."""
+        if self._ops:
+            self.apply()
+        fn(*args)
