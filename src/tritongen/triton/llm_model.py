@@ -186,12 +186,14 @@ class TritonPythonModel:
         decode = self._decode if parsed.outputs.logprobs else None
         params = self._with_stop_sequences(parsed)
         wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
+        wants_perf = parsed.outputs.perf_metrics
         unsent: Optional[RequestOutput] = None  # streamed deltas held until stream_interval tokens
         async for out in self.engine.generate(parsed.prompt, params, request_id):
             if out.error:  # counted as an error by the caller, not as a finished request
                 raise EngineRequestError(f"engine error: {out.error}")
             timer.on_output(out, ops)
-            perf.update(out, time.time_ns(), self.block_size)
+            if wants_perf:
+                perf.update(out, time.time_ns(), self.block_size)
             if parsed.stream and unsent is not None:
                 out = merge_outputs(unsent, out)
                 unsent = None
