@@ -305,7 +305,10 @@ def _docs() -> dict[str, str]:
     import ast
     import inspect
 
-    body = ast.parse(inspect.getsource(SamplingParams)).body[0].body
+    try:
+        body = ast.parse(inspect.getsource(SamplingParams)).body[0].body
+    except (OSError, TypeError):  # installed without its sources: no help texts, nothing else lost
+        return {}
     return {prev.target.id: " ".join(str(node.value.value).split()) for prev, node in zip(body, body[1:])
             if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
 
