@@ -99,8 +99,11 @@ def test_a_peer_that_never_signals_fails_the_kernel_instead_of_hanging():
     host gets a CUDA error (in a subprocess: a trap ends the CUDA context)."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", _LONELY_RANK], capture_output=True, text=True, timeout=120)
+    src = str(Path(__file__).resolve().parents[2] / "src")  # the child imports this checkout's tritongen
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-c", _LONELY_RANK], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "failed as it should" in proc.stdout
 
