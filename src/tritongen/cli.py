@@ -102,9 +102,9 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.frontend == "openai":
-        from tritongen.openai.server import serve
+        from tritongen.openai.launch import serve
     else:
-        from tritongen.triton.launcher import serve
+        from tritongen.triton.commands import serve_triton as serve
     return serve(args) or 0
 
 

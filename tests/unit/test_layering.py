@@ -32,12 +32,6 @@ NEVER = [
 KNOWN_MODULE_CYCLES: dict[frozenset, str] = {
     frozenset({"tritongen.models.arch", "tritongen.models.arch_dense"}):
         "the dense families' parsers (arch_dense) and ModelArch import each other; owned by the model-families work",
-    frozenset({"tritongen.ops.fp8", "tritongen.ops.triton_fp8"}):
-        "the FP8 dispatcher and its Triton kernels import each other; owned by the FP8 work",
-    frozenset({"tritongen.openai.launch", "tritongen.openai.server"}):
-        "the OpenAI server's launcher and app import each other; owned by the OpenAI front",
-    frozenset({"tritongen.triton.commands", "tritongen.triton.launcher"}):
-        "the Triton commands and launcher import each other; owned by the Triton front's work (issue 24)",
 }
 """Module cycles in others' code still to cut, each with its reason: an xfail per cycle (which
 turns into a failure of the plain test if a new one appears), never a silent allow."""

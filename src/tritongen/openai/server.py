@@ -454,13 +454,6 @@ def build_app(engine: AsyncLLM, *, served_model_name: Optional[str] = None, api_
     return app
 
 
-def serve(args) -> int:
-    """`tritongen serve --frontend openai` (launch.py: listen, load, serve until a signal)."""
-    from tritongen.openai.launch import serve as launch
-
-    return launch(args)
-
-
 def model_name_for(model: Optional[str]) -> str:
     """The name clients send as `model`: `dummy:<preset>` as given, a directory's last part, or
     the default model's name."""

@@ -18,43 +18,17 @@ and run on the FP8 tensor cores (torch._scaled_mm with row-wise scales).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
+from tritongen.ops.fp8_scales import Fp8Scales
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 WEIGHT_ONLY_ROWS = 16
 _MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of 0 (no division by zero)
-SCALE_KINDS = ("channel", "tensor", "block")
-
-
-@dataclass(frozen=True)
-class Fp8Scales:
-    """How a weight's scales are laid out: `kind` one of SCALE_KINDS; `block` (bn, bk) for "block"."""
-
-    kind: str
-    block: Optional[tuple[int, int]] = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in SCALE_KINDS:
-            raise ValueError(f"fp8 scale layout must be one of {SCALE_KINDS}, got {self.kind!r}")
-        if (self.kind == "block") != (self.block is not None):
-            raise ValueError("a block size is given exactly for the 'block' scale layout")
-        if self.block is not None and (len(self.block) != 2 or min(self.block) < 1):
-            raise ValueError(f"fp8 block size must be two positive integers, got {self.block!r}")
-
-    def shape(self, n: int, k: int) -> tuple[int, ...]:
-        """The scale tensor's shape for an [n, k] weight."""
-        if self.kind == "channel":
-            return (n,)
-        if self.kind == "tensor":
-            return ()
-        bn, bk = self.block
-        return (math.ceil(n / bn), math.ceil(k / bk))
 
 
 def quantize_weight(w: torch.Tensor, scales: Fp8Scales = Fp8Scales("channel")) -> tuple[torch.Tensor, torch.Tensor]:

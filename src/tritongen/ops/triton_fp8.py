@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.fp8 import Fp8Scales
+from tritongen.ops.fp8_scales import Fp8Scales
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
 

@@ -362,10 +362,3 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def serve(args) -> int:
-    """`tritongen serve --frontend triton` (cli.py imports it from here; the command lives in commands.py)."""
-    from tritongen.triton.commands import serve_triton
-
-    return serve_triton(args)
