@@ -32,7 +32,7 @@ from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec, control, errors
 from tritongen.triton.loop import LoopThread
-from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, send_on
+from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, TensorCache, send_on
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.repo import parameter_value
 from tritongen.triton.trtllm import PerfMetrics
@@ -92,6 +92,11 @@ class TritonPythonModel:
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
         threading.Thread(target=self._poll_cancellation, name="tritongen-cancel", daemon=True).start()
+
+    @functools.cached_property
+    def _tensors(self) -> TensorCache:
+        """Streamed responses are built with this (tensors of repeated values are sent again)."""
+        return TensorCache(self.pb)
 
     def _start_engine(self, kwargs: dict):
         """The AsyncLLM this model serves (benchmarks/stub_responses.py puts a paced engine here)."""
@@ -208,8 +213,10 @@ class TritonPythonModel:
             # A step whose text is held back (split UTF-8 character, possible stop string) still
             # carries tokens: clients counting tokens per response must see it.
             elif out.delta_text or (wants_tokens and out.delta_token_ids):
-                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
-                await self._send(functools.partial(ops.apply_then, sender.send, response))
+                response = codec.make_response(out, parsed, self._tensors, batch_dim=self.batch_dim, decode=decode,
+                                               perf=perf)
+                fresh = self._tensors.take_fresh()
+                await self._send(functools.partial(self._send_streamed, ops, sender, response, fresh))
 
     def _with_stop_sequences(self, parsed: codec.ParsedRequest):
         """Multi-token stop words (stop_words_list) end generation where their text appears."""
@@ -254,6 +261,11 @@ class TritonPythonModel:
             self._active.pop(request_id, None)
         flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         await self._send(functools.partial(self._send_final, ops, sender, response, flag))
+
+    def _send_streamed(self, ops: MetricOps, sender, response, fresh: list) -> None:
+        ops.apply_then(sender.send, response)
+        if fresh:
+            self._tensors.admit(fresh)
 
     def _send_final(self, ops: Optional[MetricOps], sender, response, flag: int) -> None:
         if ops is not None:

@@ -115,3 +115,56 @@ class MetricOps:
         if self._ops:
             self.apply()
         fn(*args)
+
+
+class TensorCache:
+    """Output tensors built once and sent again: a stand-in for pb_utils that make_response builds
+    with, whose Tensor() returns the tensor already sent with the same name and value (a streamed
+    response's text piece of a few bytes, its token count). python_backend copies a Tensor into
+    shared memory on its first send and reuses that copy on every later one; a cached tensor skips
+    the Tensor construction (BYTES: the stub's Python serializer), the shared-memory allocation and
+    the copy. A tensor enters the cache only once sent (admit()), so that no two threads ever make
+    its first copy at once; values past `max_value_bytes` and entries past `max_entries` are not
+    kept, and only the outputs in CACHED whose values repeat (never timings, which would fill it)."""
+
+    CACHED = frozenset({"text_output", "output_ids", "sequence_length", "num_output_tokens"})
+
+    def __init__(self, pb, max_entries: int = 16384, max_value_bytes: int = 64) -> None:
+        self._pb = pb
+        self._cache: dict[tuple, object] = {}
+        self._fresh: list[tuple[tuple, object]] = []
+        self.max_entries, self.max_value_bytes = max_entries, max_value_bytes
+
+    def __getattr__(self, name: str):
+        return getattr(self._pb, name)  # InferenceResponse, TritonError, ... as pb_utils has them
+
+    def Tensor(self, name: str, array):  # noqa: N802 (pb_utils' name)
+        key = self._key(name, array) if name in self.CACHED else None
+        if key is None:
+            return self._pb.Tensor(name, array)
+        tensor = self._cache.get(key)
+        if tensor is None:
+            tensor = self._pb.Tensor(name, array)
+            self._fresh.append((key, tensor))
+        return tensor
+
+    def take_fresh(self) -> list[tuple[tuple, object]]:
+        """The tensors built since the last call (on the loop, right after building a response)."""
+        fresh, self._fresh = self._fresh, []
+        return fresh
+
+    def admit(self, fresh: list[tuple[tuple, object]]) -> None:
+        """After the response holding `fresh` was sent (sender thread)."""
+        for key, tensor in fresh:
+            if len(self._cache) < self.max_entries:
+                self._cache.setdefault(key, tensor)
+
+    def _key(self, name: str, array) -> Optional[tuple]:
+        if array.dtype.kind == "O":
+            values = tuple(array.flat)
+            if sum(len(v) for v in values) > self.max_value_bytes or not all(type(v) is bytes for v in values):
+                return None
+            return name, "O", array.shape, values
+        if array.nbytes > self.max_value_bytes:
+            return None
+        return name, array.dtype.str, array.shape, array.tobytes()

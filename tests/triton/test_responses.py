@@ -1,0 +1,97 @@
+"""The llm model's send side (triton/responses.py) against the fake pb_utils: the tensor cache
+hands back a tensor only once it was sent, never caches what does not repeat, and stays bounded;
+metric updates are applied before the send they ride with; send_on reports the send's outcome."""
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import fake_pb_utils as pb
+from tritongen.triton import codec
+from tritongen.triton.responses import MetricOps, SendThreads, TensorCache, send_on
+from tritongen.types import RequestOutput
+
+
+def streamed(text: str, ids: list[int]) -> RequestOutput:
+    return RequestOutput(request_id="r", prompt_token_ids=[1], text=text, token_ids=ids, delta_text=text,
+                         delta_token_ids=ids)
+
+
+def parsed(**outputs) -> codec.ParsedRequest:
+    return codec.ParsedRequest(prompt="p", params=codec.SamplingParams(), stream=True,
+                               outputs=codec.OutputOptions(**outputs))
+
+
+def test_a_tensor_is_reused_only_after_it_was_sent():
+    cache = TensorCache(pb)
+    req = parsed(num_output_tokens=True)
+    first = codec.make_response(streamed(" the", [5]), req, cache)
+    fresh = cache.take_fresh()
+    again = codec.make_response(streamed(" the", [6]), req, cache)  # not admitted yet: built anew
+    assert again.output_tensors()[0] is not first.output_tensors()[0]
+    cache.take_fresh()
+    cache.admit(fresh)
+    third = codec.make_response(streamed(" the", [7]), req, cache)
+    assert [t.name() for t in third.output_tensors()] == ["text_output", "num_output_tokens"]
+    assert third.output_tensors()[0] is first.output_tensors()[0]
+    assert third.output_tensors()[1] is first.output_tensors()[1]  # one token, as before
+    assert third.get("text_output").tolist() == [b" the"] and third.get("num_output_tokens").tolist() == [1]
+    assert cache.take_fresh() == []
+
+
+def test_values_that_do_not_repeat_or_are_long_are_never_cached():
+    cache = TensorCache(pb, max_entries=2, max_value_bytes=8)
+    long_text = codec.make_response(streamed("x" * 9, [1]), parsed(), cache)
+    timing = cache.Tensor("arrival_time_ns", np.array([123], dtype=np.int64))
+    assert cache.take_fresh() == [] and long_text.get("text_output").tolist() == [b"x" * 9]
+    assert timing.as_numpy().tolist() == [123]
+    for word in ("a", "b", "c"):
+        codec.make_response(streamed(word, [1]), parsed(), cache)
+        cache.admit(cache.take_fresh())
+    assert len(cache._cache) == 2  # bounded
+    assert cache.InferenceResponse is pb.InferenceResponse  # everything else is pb_utils itself
+
+
+def test_metric_updates_go_out_before_the_send_they_ride_with():
+    seen = []
+
+    class Sink:
+        def observe(self, name, value):
+            seen.append(("observe", name))
+
+        def increment(self, name, value, labels=None):
+            seen.append(("increment", name))
+
+        def set_gauge(self, name, value):
+            seen.append(("gauge", name))
+
+    ops = MetricOps(Sink())
+    ops.observe("ttft", 0.1)
+    ops.increment("done", 1)
+    assert seen == []  # nothing until the send
+    ops.apply_then(lambda: seen.append(("send", "")))
+    assert seen == [("observe", "ttft"), ("increment", "done"), ("send", "")]
+    ops.apply_then(lambda: seen.append(("send", "")))
+    assert seen[-1] == ("send", "") and len(seen) == 4  # applied once
+
+
+def test_send_on_reports_the_outcome_from_the_sender_thread():
+    pool = SendThreads(2, "test-send")
+    threads = []
+
+    def ok():
+        threads.append(threading.current_thread().name)
+
+    def fails():
+        raise RuntimeError("client gone")
+
+    async def go():
+        await send_on(pool, ok)
+        with pytest.raises(RuntimeError, match="client gone"):
+            await send_on(pool, fails)
+    try:
+        asyncio.run(go())
+    finally:
+        pool.shutdown()
+    assert threads and threads[0].startswith("test-send")
