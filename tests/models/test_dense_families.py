@@ -15,10 +15,8 @@ equals the reference's, every logprob is within LOGPROB_ATOL (test_families.py r
 """
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -32,20 +30,10 @@ from tritongen.models.presets import PRESETS
 from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
+from family_checks import LOGPROB_ATOL, MAX_TOKENS, check_engine, check_openai_chat, hf_config, random_prompts  # noqa: E402
 
 DENSE_PRESETS = ("tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3")
 HF_FAMILIES = {"Gemma2ForCausalLM": "tiny-gemma2", "Gemma3ForCausalLM": "tiny-gemma3", "Phi3ForCausalLM": "tiny-phi3"}
-MAX_TOKENS = 10
-PROMPT_LENGTHS = (1, 3, 9, 25, 41)  # one token, one block, several, two and three prefill chunks
-LOGPROB_ATOL = 1e-4  # the float32 error bound of test_families.py, same shapes and depth
-Greedy = Callable[[list[int]], tuple[list[int], list[float]]]
-
-
-def _hf_config(preset: str):
-    d = copy.deepcopy(PRESETS[preset])
-    d.pop("architectures")
-    d.pop("torch_dtype", None)
-    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 @torch.no_grad()
@@ -61,33 +49,10 @@ def _randomize(model: torch.nn.Module, seed: int, norm_center: float = 1.0) -> N
             p.copy_(torch.randn(p.shape, generator=gen) * hidden ** -0.5)
 
 
-def _prompts(vocab: int, seed: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def _check_engine(path: Path, tokenizer: str, reference: Greedy, vocab: int, architecture: str) -> None:
-    llm = LLM(str(path), tokenizer=tokenizer, dtype="float32", device="cpu", block_size=4,
-              max_num_batched_tokens=16, enable_prefix_caching=True)
-    assert llm.engine.runner.arch.architecture == architecture
-    first = _prompts(vocab, seed=2)
-    second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *_prompts(vocab, seed=3, lengths=(2, 14))]
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
-    for prompts in (first, second):
-        for prompt, out in zip(prompts, llm.generate(prompts, params)):
-            ids, lps = reference(prompt)
-            assert out.token_ids == ids, (architecture, len(prompt))
-            ours = torch.tensor([lp.logprob for lp in out.logprobs])
-            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
-    assert llm.stats()["prefix_cache_hit_rate"] > 0
-
-
-# -- Gemma 2, Gemma 3, Phi-3: HF's own classes ----------------------------------------------------
-
 @pytest.fixture(scope="module", params=list(HF_FAMILIES))
 def family(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
     arch_name = request.param
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(HF_FAMILIES[arch_name]), dtype=torch.float32,
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config(HF_FAMILIES[arch_name]), dtype=torch.float32,
                                                        attn_implementation="eager")
     assert type(hf).__name__ == arch_name
     _randomize(hf, seed=1, norm_center=0.0 if arch_name.startswith("Gemma") else 1.0)
@@ -98,7 +63,7 @@ def family(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
 
 def test_engine_greedy_and_logprobs_match_hf(family, default_model_dir) -> None:
     arch_name, path, hf = family
-    _check_engine(path, default_model_dir, lambda p: hf_greedy(hf, p, MAX_TOKENS), hf.config.vocab_size, arch_name)
+    check_engine(path, default_model_dir, lambda p: hf_greedy(hf, p, MAX_TOKENS), hf.config.vocab_size, arch_name)
 
 
 def test_hf_config_parses_to_the_preset_arch(family) -> None:
@@ -129,13 +94,13 @@ def test_gemma_arch_facts() -> None:
 def test_phi3_long_prompt_uses_long_factors_per_sequence(default_model_dir, tmp_path) -> None:
     """A 70-token prompt crosses tiny-phi3's original_max_position_embeddings (64): HF rotates it
     with long_factor; a 9-token prompt batched beside it keeps short_factor (per sequence)."""
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config("tiny-phi3"), dtype=torch.float32,
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config("tiny-phi3"), dtype=torch.float32,
                                                        attn_implementation="eager")
     _randomize(hf, seed=7)
     hf.save_pretrained(tmp_path)
     llm = LLM(str(tmp_path), tokenizer=default_model_dir, dtype="float32", device="cpu", block_size=4,
               max_num_batched_tokens=128)
-    prompts = _prompts(hf.config.vocab_size, seed=8, lengths=(70, 9))
+    prompts = random_prompts(hf.config.vocab_size, seed=8, lengths=(70, 9))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     for prompt, out in zip(prompts, llm.generate(prompts, params)):
         ids, lps = hf_greedy(hf.eval(), prompt, MAX_TOKENS)
@@ -214,7 +179,7 @@ def _baichuan(preset: str, path: Path, seed: int) -> torch.nn.Module:
 @pytest.mark.parametrize("preset", ["tiny-baichuan", "tiny-baichuan-13b"])
 def test_baichuan_engine_matches_llama_reference(preset: str, default_model_dir, tmp_path) -> None:
     ref = _baichuan(preset, tmp_path, seed=11)
-    _check_engine(tmp_path, default_model_dir, lambda p: hf_greedy(ref, p, MAX_TOKENS), ref.config.vocab_size,
+    check_engine(tmp_path, default_model_dir, lambda p: hf_greedy(ref, p, MAX_TOKENS), ref.config.vocab_size,
                   "BaichuanForCausalLM")
 
 
@@ -302,40 +267,8 @@ def test_hf_twin_of_baichuan_7b_is_llama_and_13b_is_refused(tmp_path) -> None:
 
 @pytest.mark.parametrize("preset", DENSE_PRESETS)
 def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
-    """Each family behind the real OpenAI server (uvicorn on 127.0.0.1): a greedy chat request
-    (the tokenizer's chat template) answers what the engine generates for the templated ids."""
-    import asyncio
-    import os
-    import sys
-
-    import openai
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openai"))
-    from oai_helpers import ServerThread
-
-    from tritongen import AsyncLLM
-    from tritongen.openai.server import build_app
-
-    engine = AsyncLLM(f"dummy:{preset}", tokenizer=default_model_dir, dtype="float32", device="cpu",
-                      kv_cache_memory_gb=0.02)
-    srv = ServerThread(build_app(engine, served_model_name=preset))
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
-        chat = [{"role": "user", "content": "What is the capital of France?"}]
-        r = client.chat.completions.create(model=preset, messages=chat, max_tokens=6, temperature=0,
-                                           extra_body={"ignore_eos": True})
-        ids = list(engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"])
-
-        async def direct():
-            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-            return [o async for o in engine.generate(ids, params, request_id="direct")][-1]
-
-        want = asyncio.run(direct())
-        assert r.choices[0].message.content == want.text and r.usage.completion_tokens == 6
-        assert r.usage.prompt_tokens == len(ids)
-    finally:
-        srv.stop()
-        engine.shutdown()
+    """Each family behind the real OpenAI server: chat through the tokenizer's template, greedy."""
+    check_openai_chat(preset, default_model_dir)
 
 
 @pytest.mark.parametrize("preset", DENSE_PRESETS)
@@ -411,7 +344,7 @@ def test_cuda_engine_matches_reference(preset: str, default_model_dir, tmp_path)
     if arch_name == "BaichuanForCausalLM":
         ref = _baichuan(preset, tmp_path, seed=11)
     else:
-        ref = transformers.AutoModelForCausalLM.from_config(_hf_config(preset), dtype=torch.float32,
+        ref = transformers.AutoModelForCausalLM.from_config(hf_config(preset), dtype=torch.float32,
                                                             attn_implementation="eager")
         _randomize(ref, seed=1, norm_center=0.0 if arch_name.startswith("Gemma") else 1.0)
         ref.save_pretrained(tmp_path)
@@ -419,7 +352,7 @@ def test_cuda_engine_matches_reference(preset: str, default_model_dir, tmp_path)
     llm = LLM(str(tmp_path), tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
               max_num_batched_tokens=32, num_blocks=256)
     lengths = (1, 9, 41, 70) if preset != "tiny-phi3" else (1, 9, 41)  # 70 crosses LongRoPE's boundary chunked
-    prompts = _prompts(ref.config.vocab_size, seed=6, lengths=lengths)
+    prompts = random_prompts(ref.config.vocab_size, seed=6, lengths=lengths)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     try:
         for prompt, out in zip(prompts, llm.generate(prompts, params)):

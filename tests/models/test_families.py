@@ -26,25 +26,9 @@ from tritongen.models.registry import get_model_class
 from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
+from family_checks import LOGPROB_ATOL, MAX_TOKENS, check_engine, hf_config, random_prompts  # noqa: E402
 
 FAMILIES = {"Qwen3ForCausalLM": "tiny-qwen3", "GPT2LMHeadModel": "tiny-gpt2", "BloomForCausalLM": "tiny-bloom"}
-MAX_TOKENS = 10
-# Lengths 1..41: a single token, within one block (block_size 4), across blocks, and 25/41 tokens
-# that the 16-token budget splits into two and three prefill chunks.
-PROMPT_LENGTHS = (1, 3, 9, 25, 41)
-# float32 rounds at 6e-8; two layers of width 64-128, summed in another order than HF's (paged
-# attention, chunks), leave the last hidden state off by ~1e-6 of its size, and a logprob scales
-# that by the spread of the logits (a few units): ~1e-5 at worst. 1e-4 leaves room for thread-count
-# effects on a loaded machine; a real bug (a transposed weight, a wrong position) moves logprobs
-# by 1e-2 or more, and the greedy tokens must match exactly anyway.
-LOGPROB_ATOL = 1e-4
-
-
-def _hf_config(preset: str):
-    d = copy.deepcopy(PRESETS[preset])
-    d.pop("architectures")
-    d.pop("torch_dtype", None)
-    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 @torch.no_grad()
@@ -66,7 +50,7 @@ def _randomize(hf: torch.nn.Module, seed: int) -> None:
 def family(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
     """(architecture, HF directory saved by HF, the HF model) of one family."""
     arch_name = request.param
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(FAMILIES[arch_name]), dtype=torch.float32,
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config(FAMILIES[arch_name]), dtype=torch.float32,
                                                        attn_implementation="eager")
     assert type(hf).__name__ == arch_name
     _randomize(hf, seed=1)
@@ -75,29 +59,10 @@ def family(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module]:
     return arch_name, path, hf.eval()
 
 
-def _prompts(vocab: int, seed: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
 def test_engine_greedy_and_logprobs_match_hf(family, default_model_dir) -> None:
     arch_name, path, hf = family
-    llm = LLM(str(path), tokenizer=default_model_dir, dtype="float32", device="cpu", block_size=4,
-              max_num_batched_tokens=16, enable_prefix_caching=True)
-    assert llm.engine.runner.arch.architecture == arch_name
-    vocab = hf.config.vocab_size
-    first = _prompts(vocab, seed=2)
-    # Second round: the longer first-round prompts with new tails (cached prefix blocks), and new ones.
-    second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *_prompts(vocab, seed=3, lengths=(2, 14))]
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
-    for prompts in (first, second):
-        outs = llm.generate(prompts, params)
-        for prompt, out in zip(prompts, outs):
-            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
-            assert out.token_ids == ids, (arch_name, len(prompt))
-            ours = torch.tensor([lp.logprob for lp in out.logprobs])
-            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
-    assert llm.stats()["prefix_cache_hit_rate"] > 0
+    check_engine(path, default_model_dir, lambda prompt: hf_greedy(hf, prompt, MAX_TOKENS), hf.config.vocab_size,
+                 arch_name)
 
 
 def test_hf_config_parses_to_the_preset_arch(family) -> None:
@@ -118,7 +83,7 @@ def test_every_registered_class_implements_the_interface() -> None:
 def test_gpt2_hub_layout_checkpoint_loads(tmp_path: Path) -> None:
     """The Hub's gpt2 was saved from GPT2Model: no "transformer." prefix, no lm_head (tied), and
     the causal-mask buffers attn.bias / attn.masked_bias; a .bin file of that layout loads."""
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config("tiny-gpt2"), dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config("tiny-gpt2"), dtype=torch.float32)
     _randomize(hf, seed=4)
     state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
     for i in range(hf.config.n_layer):
@@ -147,7 +112,7 @@ def test_bloom_hub_layout_checkpoint_loads_and_slopes_stay_float32(tmp_path: Pat
     """The Hub's Bloom checkpoints lack the "transformer." prefix and lm_head (tied)."""
     from safetensors.torch import save_file
 
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config("tiny-bloom"), dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config("tiny-bloom"), dtype=torch.float32)
     _randomize(hf, seed=5)
     state = {k.removeprefix("transformer."): v.contiguous() for k, v in hf.state_dict().items()
              if k != "lm_head.weight"}
@@ -172,7 +137,7 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
     kw = dict(tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
               max_num_batched_tokens=32, num_blocks=256)
     llm = LLM(str(path), **kw)
-    prompts = _prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
+    prompts = random_prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     try:
         for prompt, out in zip(prompts, llm.generate(prompts, params)):

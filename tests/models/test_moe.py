@@ -12,7 +12,6 @@ exact tensors. tiny-qwen3-moe routes top-3 of 8 without renormalization and keep
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
@@ -28,21 +27,9 @@ from tritongen.ops import moe
 from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
+from family_checks import LOGPROB_ATOL, MAX_TOKENS, check_engine, check_openai_chat, hf_config, random_prompts  # noqa: E402
 
 FAMILIES = {"MixtralForCausalLM": "tiny-mixtral", "Qwen3MoeForCausalLM": "tiny-qwen3-moe"}
-MAX_TOKENS = 10
-PROMPT_LENGTHS = (1, 3, 9, 25, 41)
-# The dense families' tolerance (test_families.py explains it). Routing adds no error of its own:
-# the same experts are picked unless two routing probabilities tie within ~1e-6, and a flipped
-# expert would move logprobs by far more than this.
-LOGPROB_ATOL = 1e-4
-
-
-def _hf_config(preset: str):
-    d = copy.deepcopy(PRESETS[preset])
-    d.pop("architectures")
-    d.pop("torch_dtype", None)
-    return transformers.AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 @torch.no_grad()
@@ -63,7 +50,7 @@ def family(request, tmp_path_factory) -> tuple[str, Path, Path, torch.nn.Module]
     from safetensors.torch import save_file
 
     arch_name = request.param
-    hf = transformers.AutoModelForCausalLM.from_config(_hf_config(FAMILIES[arch_name]), dtype=torch.float32,
+    hf = transformers.AutoModelForCausalLM.from_config(hf_config(FAMILIES[arch_name]), dtype=torch.float32,
                                                        attn_implementation="eager")
     assert type(hf).__name__ == arch_name
     _randomize(hf, seed=1)
@@ -73,11 +60,6 @@ def family(request, tmp_path_factory) -> tuple[str, Path, Path, torch.nn.Module]
     save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(fused / "model.safetensors"))
     (fused / "config.json").write_text((saved / "config.json").read_text())
     return arch_name, saved, fused, hf.eval()
-
-
-def _prompts(vocab: int, seed: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
 def _saved_names(path: Path) -> list[str]:
@@ -109,21 +91,8 @@ def test_both_checkpoint_layouts_load_hf_exact_weights(family) -> None:
 
 def test_engine_greedy_and_logprobs_match_hf(family, default_model_dir) -> None:
     arch_name, saved, _, hf = family
-    llm = LLM(str(saved), tokenizer=default_model_dir, dtype="float32", device="cpu", block_size=4,
-              max_num_batched_tokens=16, enable_prefix_caching=True)
-    assert llm.engine.runner.arch.architecture == arch_name
-    vocab = hf.config.vocab_size
-    first = _prompts(vocab, seed=2)
-    second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *_prompts(vocab, seed=3, lengths=(2, 14))]
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
-    for prompts in (first, second):
-        outs = llm.generate(prompts, params)
-        for prompt, out in zip(prompts, outs):
-            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
-            assert out.token_ids == ids, (arch_name, len(prompt))
-            ours = torch.tensor([lp.logprob for lp in out.logprobs])
-            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
-    assert llm.stats()["prefix_cache_hit_rate"] > 0
+    check_engine(saved, default_model_dir, lambda prompt: hf_greedy(hf, prompt, MAX_TOKENS), hf.config.vocab_size,
+                 arch_name)
 
 
 def test_hf_config_parses_to_the_preset_arch(family) -> None:
@@ -138,7 +107,7 @@ def test_hf_twin_of_a_dummy_model_agrees() -> None:
     """Our dummy weights in HF's class (hf_state_dict's names) give the same next-token logits."""
     net, arch = load_model("dummy:tiny-qwen3-moe", torch.float32, torch.device("cpu"), seed=3)
     hf = hf_twin(net, arch)
-    prompt = _prompts(arch.vocab_size, seed=4, lengths=(12,))[0]
+    prompt = random_prompts(arch.vocab_size, seed=4, lengths=(12,))[0]
     llm_ids, _ = hf_greedy(hf, prompt, 4)
     llm = LLM("dummy:tiny-qwen3-moe", dtype="float32", device="cpu", seed=3, block_size=4)
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
@@ -239,7 +208,7 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
     hf = copy.deepcopy(hf_cpu).cuda()
     llm = LLM(str(saved), tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
               max_num_batched_tokens=32, num_blocks=256)
-    prompts = _prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
+    prompts = random_prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     try:
         for prompt, out in zip(prompts, llm.generate(prompts, params)):
@@ -263,40 +232,8 @@ def _triton_helpers():
 
 @pytest.mark.parametrize("preset", list(FAMILIES.values()))
 def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
-    """Each MoE family behind the real OpenAI server: a greedy chat request (the tokenizer's chat
-    template) answers what the engine generates for the templated ids."""
-    import asyncio
-    import os
-    import sys
-
-    import openai
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "openai"))
-    from oai_helpers import ServerThread
-
-    from tritongen import AsyncLLM
-    from tritongen.openai.server import build_app
-
-    engine = AsyncLLM(f"dummy:{preset}", tokenizer=default_model_dir, dtype="float32", device="cpu",
-                      kv_cache_memory_gb=0.02)
-    srv = ServerThread(build_app(engine, served_model_name=preset))
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
-        chat = [{"role": "user", "content": "What is the capital of France?"}]
-        r = client.chat.completions.create(model=preset, messages=chat, max_tokens=6, temperature=0,
-                                           extra_body={"ignore_eos": True})
-        ids = list(engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"])
-
-        async def direct():
-            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-            return [o async for o in engine.generate(ids, params, request_id="direct")][-1]
-
-        want = asyncio.run(direct())
-        assert r.choices[0].message.content == want.text and r.usage.completion_tokens == 6
-        assert r.usage.prompt_tokens == len(ids)
-    finally:
-        srv.stop()
-        engine.shutdown()
+    """Each MoE family behind the real OpenAI server: chat through the tokenizer's template, greedy."""
+    check_openai_chat(preset, default_model_dir)
 
 
 def test_triton_server_smoke(tmp_path: Path, default_model_dir) -> None:
