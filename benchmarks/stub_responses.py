@@ -100,9 +100,11 @@ def paced_model(step_ms: float):
 
             config = EngineConfig.from_kwargs(**{**kwargs, "engine_process": False})
             tokenizer = load_tokenizer(_tokenizer_path(config, resolve_model(config.model.model)))
-            words = tokenizer.encode(" the quick brown fox jumps over the lazy dog and runs far away", add_special_tokens=False)
+            words = tokenizer.encode(" the quick brown fox jumps over the lazy dog and runs far away",
+                                     add_special_tokens=False)
             runner = PacedRunner(config.cache.num_blocks, config.cache.block_size, step_ms / 1000.0, words)
-            limits = EngineLimits(max_model_len=2048, vocab_size=len(tokenizer), eos_token_ids=(tokenizer.eos_token_id,))
+            limits = EngineLimits(max_model_len=2048, vocab_size=len(tokenizer),
+                                  eos_token_ids=(tokenizer.eos_token_id,))
             core = EngineCore(runner, tokenizer, limits, config.scheduler, False, decoder=FastDecoder(tokenizer))
             return AsyncLLM(engine=core)
 
