@@ -13,6 +13,8 @@ update), and none of it runs on the loop, which must read every step of every re
   each request every CANCEL_POLL_S, and aborts the engine request. In the server each check is
   served by the one thread that dispatches every message of the stub, sends included: the checks
   are spread out, never a burst of one per request.
+Streamed responses are built with a TensorCache: a text piece or token count already sent goes out
+again as the same pb_utils.Tensor (python_backend reuses its shared-memory copy).
 Every request ends with exactly one response carrying the FINAL flag (data, error, or CANCELLED).
 """
 from __future__ import annotations
@@ -294,7 +296,10 @@ class TritonPythonModel:
                 if ahead > 0:
                     time.sleep(ahead)  # evenly spread; a pass that runs late never waits
                 if self._is_cancelled(request_id, active):
-                    self.loop.loop.call_soon_threadsafe(self._cancel_polled, request_id, active)
+                    try:
+                        self.loop.loop.call_soon_threadsafe(self._cancel_polled, request_id, active)
+                    except RuntimeError:
+                        return  # the loop is closed: the model is going away
             time.sleep(max(0.0, CANCEL_POLL_S - (time.monotonic() - started)) if snapshot else _WATCH_INTERVAL_S)
 
     def _is_cancelled(self, request_id: str, active: _Active) -> bool:
