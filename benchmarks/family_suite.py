@@ -36,7 +36,7 @@ if str(ROOT / "src") not in sys.path:
 
 from tritongen.bench import gpu_suite_engine as eng  # noqa: E402
 from tritongen.bench import gpu_suite_workloads as wl  # noqa: E402
-from tritongen.bench.gpu_suite_common import Row, SuiteConfig, SuiteContext, env_info  # noqa: E402
+from tritongen.bench.gpu_suite_common import Row, SuiteConfig, SuiteContext, env_info, format_table  # noqa: E402
 
 TESTS = ["tests/gpu/test_triton_kernels.py", "tests/models/test_families.py"]
 TESTS_K = ("attention or split_decode or decode_splits or padding_slots or write_kv or fused_rotary or fused_decode "
@@ -91,23 +91,6 @@ def model_section(model: str):
 def section_logits(ctx: SuiteContext) -> tuple[dict, list[Row]]:
     ctx.release()
     return eng.per_model(ctx, ctx.cfg.logits_models, wl._logits_one, "logits")
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def format_table(rows: list[Row]) -> str:
-    head = f"{'measurement':<50} {'unit':<6} {'ours':>9} {'peer':>9} {'ours/peer':>9} {'roofline':>8}  met"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r.name[:50]:<50} {r.unit[:6]:<6} {_fmt(r.ours):>9} {_fmt(r.peer):>9} {_fmt(r.ratio):>9} "
-                     f"{_fmt(r.fraction):>8}  {_fmt(r.met):<3}" + (f"  {r.note}" if r.note else ""))
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -37,7 +37,7 @@ if str(ROOT / "src") not in sys.path:
 
 from tritongen.bench import gpu_suite_engine as eng  # noqa: E402
 from tritongen.bench import gpu_suite_workloads as wl  # noqa: E402
-from tritongen.bench.gpu_suite_common import Row, SuiteConfig, SuiteContext, env_info  # noqa: E402
+from tritongen.bench.gpu_suite_common import Row, SuiteConfig, SuiteContext, env_info, format_table  # noqa: E402
 
 SECTIONS = {"roofline": eng.section_roofline, "steps": eng.section_steps, "profile": eng.section_profile,
             "bs1": eng.section_bs1, "offline": wl.section_offline, "correctness": wl.section_correctness,
@@ -107,24 +107,6 @@ def run_section(ctx: SuiteContext, name: str) -> tuple[dict, list[Row]]:
         print(tb, flush=True)
         ctx.release()
         return {"error": repr(exc), "traceback": tb[-4000:]}, [Row(name, name, note=f"ERROR {exc!r}"[:120])]
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def format_table(rows: list[Row]) -> str:
-    head = (f"{'measurement':<48} {'unit':<7} {'ours':>9} {'peer':>9} {'ours/peer':>9} {'roofline':>8}  "
-            f"{'goal':<28} met")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r.name[:48]:<48} {r.unit[:7]:<7} {_fmt(r.ours):>9} {_fmt(r.peer):>9} {_fmt(r.ratio):>9} "
-                     f"{_fmt(r.fraction):>8}  {r.goal[:28]:<28} {_fmt(r.met):<3}" + (f"  {r.note}" if r.note else ""))
-    return "\n".join(lines)
 
 
 def write_results(path: Path, results: dict) -> None:

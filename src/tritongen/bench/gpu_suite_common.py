@@ -249,3 +249,22 @@ def env_info(device: str) -> dict:
         p = torch.cuda.get_device_properties(0)
         info["gpu"] = {"name": p.name, "memory_gb": p.total_memory / 1e9, "count": torch.cuda.device_count()}
     return info
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def format_table(rows: list[Row]) -> str:
+    """The GPU suites' result table (gpu_suite, family_suite): one line per row, goals last."""
+    head = (f"{'measurement':<48} {'unit':<7} {'ours':>9} {'peer':>9} {'ours/peer':>9} {'roofline':>8}  "
+            f"{'goal':<28} met")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.name[:48]:<48} {r.unit[:7]:<7} {_fmt(r.ours):>9} {_fmt(r.peer):>9} {_fmt(r.ratio):>9} "
+                     f"{_fmt(r.fraction):>8}  {r.goal[:28]:<28} {_fmt(r.met):<3}" + (f"  {r.note}" if r.note else ""))
+    return "\n".join(lines)
