@@ -131,6 +131,8 @@ def add_serve_parser(sub) -> None:
                         "(default: Triton's, the latest version)")
     t.add_argument("--stream-interval", type=int, default=None, metavar="N",
                    help="tokens per streamed response of the engine model (its parameter stream_interval; default 1)")
+    t.add_argument("--sender-threads", type=int, default=None, metavar="N",
+                   help="concurrent response sends of the engine model (its parameter sender_threads; default 8)")
     o = s.add_argument_group("openai frontend")
     o.add_argument("--host", default="127.0.0.1")
     o.add_argument("--port", type=int, default=9000)

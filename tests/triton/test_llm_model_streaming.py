@@ -76,3 +76,20 @@ def test_stream_interval_parameter(monkeypatch):
     assert llm_model.stream_interval({"stream_interval": {"string_value": "4"}}) == 4
     with pytest.raises(ValueError, match="stream_interval must be a positive integer, got '0'"):
         llm_model.stream_interval({"stream_interval": {"string_value": "0"}})
+
+
+def test_sender_threads_parameter():
+    default = llm_model.DEFAULT_SENDER_THREADS
+    assert llm_model.positive_parameter({}, "sender_threads", default) == default
+    assert llm_model.positive_parameter({"sender_threads": {"string_value": "3"}}, "sender_threads", default) == 3
+    with pytest.raises(ValueError, match="sender_threads must be a positive integer, got 'x'"):
+        llm_model.positive_parameter({"sender_threads": {"string_value": "x"}}, "sender_threads", default)
+
+
+def test_repo_writes_sender_threads(tmp_path):
+    from tritongen.triton.repo import write_repository
+
+    write_repository(tmp_path, {}, sender_threads=3)
+    assert 'key: "sender_threads" value: { string_value: "3" }' in (tmp_path / "llm" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match="sender_threads must be an integer >= 1"):
+        write_repository(tmp_path / "x", {}, sender_threads=0)

@@ -38,6 +38,8 @@ def register(subparsers) -> None:
                         "(default: Triton's, the latest version)")
     p.add_argument("--stream-interval", type=int, default=None, metavar="N",
                    help="tokens per streamed response of the engine model (parameter stream_interval; default 1)")
+    p.add_argument("--sender-threads", type=int, default=None, metavar="N",
+                   help="concurrent response sends of the engine model (parameter sender_threads; default 8)")
     add_engine_args(p)
     p.set_defaults(func=cmd_repo)
 
@@ -49,7 +51,7 @@ def cmd_repo(args: argparse.Namespace) -> int:
     try:
         root = write_repository(args.out, engine_kwargs(args), layout=args.layout, name=args.name,
                                 version=args.version, max_queue=args.max_queue, stream_interval=args.stream_interval,
-                                policy=args.version_policy)
+                                sender_threads=args.sender_threads, policy=args.version_policy)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -256,6 +258,7 @@ def _serve_checked(args, host: str) -> int:
         write_repository(repo_dir, options, layout=args.layout, name=args.name,
                          max_queue=getattr(args, "max_queue", DEFAULT_MAX_QUEUE),
                          stream_interval=getattr(args, "stream_interval", None),
+                         sender_threads=getattr(args, "sender_threads", None),
                          policy=getattr(args, "version_policy", None))
     except ValueError as exc:
         raise ServeError(str(exc)) from None

@@ -46,7 +46,7 @@ _WATCH_INTERVAL_S = 0.05  # how often the drain file is looked for
 CANCEL_POLL_S = 0.2
 """Each request's sender is asked whether it was cancelled this often (the contract: aborted
 within 0.5 s)."""
-_SENDER_THREADS = 8  # concurrent response sends (each blocks its thread for one IPC round trip)
+DEFAULT_SENDER_THREADS = 8  # concurrent response sends (each blocks its thread for one IPC round trip)
 
 
 @dataclass
@@ -75,6 +75,7 @@ class TritonPythonModel:
         self.batch_dim = config.get("max_batch_size", 0) > 0
         self.stream_interval = stream_interval(config.get("parameters", {}))
         self.max_queue = max_queue(config.get("parameters", {}))
+        self.sender_threads = positive_parameter(config.get("parameters", {}), "sender_threads", DEFAULT_SENDER_THREADS)
         kwargs = engine_kwargs_from_config(config.get("parameters", {}))
         engine_config = EngineConfig.from_kwargs(**kwargs)
         self.max_num_seqs = engine_config.scheduler.max_num_seqs
@@ -89,7 +90,7 @@ class TritonPythonModel:
         self._counted: dict[str, float] = {}  # engine counters already exported
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
-        self._senders = SendThreads(_SENDER_THREADS, "tritongen-send")
+        self._senders = SendThreads(self.sender_threads, "tritongen-send")
         self._poll_lock = threading.Lock()
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
@@ -383,12 +384,17 @@ def stream_interval(parameters: dict) -> int:
     """Tokens per streamed response (model parameter `stream_interval`, default 1). Each response
     costs the stub process Python time under the GIL that the engine thread shares; sending every
     Nth token (the final response carries the rest) divides that cost by N."""
-    raw = parameter_value(parameters["stream_interval"]) if "stream_interval" in parameters else ""
-    raw = raw or "1"
+    return positive_parameter(parameters, "stream_interval", 1)
+
+
+def positive_parameter(parameters: dict, name: str, default: int) -> int:
+    """A positive integer model parameter (`sender_threads`: concurrent response sends, each
+    blocking its thread for one round trip to the server), or `default` when unset."""
+    raw = (parameter_value(parameters[name]) if name in parameters else "") or str(default)
     try:
         value = int(raw)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"stream_interval must be a positive integer, got {raw!r}")
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return value

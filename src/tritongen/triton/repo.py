@@ -82,12 +82,14 @@ def default_options() -> dict:
 def write_repository(out: str | Path, options: Optional[dict] = None, *, layout: str = "default",
                      name: str = "llm", version: int = 1, overwrite: bool = True,
                      max_queue: Optional[int] = None, stream_interval: Optional[int] = None,
-                     policy: Optional[str] = None) -> Path:
+                     sender_threads: Optional[int] = None, policy: Optional[str] = None) -> Path:
     """Write the model repository for `options` (engine keyword options) into `out`. The engine
     model's parameters `max_queue` (requests let wait beyond max_num_seqs; 0 = unbounded) and
-    `stream_interval` (tokens per streamed response); None leaves the model's default. `policy`:
+    `stream_interval` (tokens per streamed response) and `sender_threads` (concurrent response
+    sends); None leaves the model's default. `policy`:
     every model's version_policy (latest:N, all, specific:1,3; None: Triton's default, the latest)."""
-    for label, value, low in (("max_queue", max_queue, 0), ("stream_interval", stream_interval, 1)):
+    for label, value, low in (("max_queue", max_queue, 0), ("stream_interval", stream_interval, 1),
+                              ("sender_threads", sender_threads, 1)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
     if layout not in ("default", "ensemble"):
@@ -104,7 +106,8 @@ def write_repository(out: str | Path, options: Optional[dict] = None, *, layout:
     root.mkdir(parents=True, exist_ok=True)
     params = engine_parameters(options or {})
     llm_params = dict(params)
-    for key, value in (("max_queue", max_queue), ("stream_interval", stream_interval)):
+    for key, value in (("max_queue", max_queue), ("stream_interval", stream_interval),
+                       ("sender_threads", sender_threads)):
         if value is not None:
             llm_params[key] = str(value)
     write_model(root, name, model_config(name, decoupled=True, instance_kind="KIND_MODEL", parameters=llm_params,
