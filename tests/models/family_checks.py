@@ -49,14 +49,20 @@ def check_engine(path: Path, tokenizer: str, reference: Greedy, vocab: int, arch
     assert llm.engine.runner.arch.architecture == architecture
     first = random_prompts(vocab, seed=2)
     second = [first[3][:20] + [5, 6, 7], first[4][:33] + [8], *random_prompts(vocab, seed=3, lengths=(2, 14))]
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     for batch in (first, second):
-        for prompt, out in zip(batch, llm.generate(batch, params)):
-            ids, lps = reference(prompt)
-            assert out.token_ids == ids, (architecture, len(prompt))
-            ours = torch.tensor([lp.logprob for lp in out.logprobs])
-            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+        check_batch(llm, batch, reference, architecture)
     assert llm.stats()["prefix_cache_hit_rate"] > 0
+
+
+def check_batch(llm, batch: list[list[int]], reference: Greedy, architecture: str) -> None:
+    """One batched greedy generate of `batch`: every prompt's tokens equal `reference`'s and its
+    logprobs are within LOGPROB_ATOL."""
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+    for prompt, out in zip(batch, llm.generate(batch, params)):
+        ids, lps = reference(prompt)
+        assert out.token_ids == ids, (architecture, len(prompt))
+        ours = torch.tensor([lp.logprob for lp in out.logprobs])
+        torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
 
 
 def check_openai_chat(preset: str, tokenizer: str) -> None:

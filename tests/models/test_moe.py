@@ -27,7 +27,7 @@ from tritongen.ops import moe
 from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
-from family_checks import LOGPROB_ATOL, MAX_TOKENS, check_engine, check_openai_chat, hf_config, random_prompts  # noqa: E402
+from family_checks import MAX_TOKENS, check_batch, check_engine, check_openai_chat, hf_config, random_prompts  # noqa: E402
 
 FAMILIES = {"MixtralForCausalLM": "tiny-mixtral", "Qwen3MoeForCausalLM": "tiny-qwen3-moe"}
 
@@ -209,13 +209,8 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
     llm = LLM(str(saved), tokenizer=default_model_dir, dtype="float32", device="cuda", block_size=16,
               max_num_batched_tokens=32, num_blocks=256)
     prompts = random_prompts(hf.config.vocab_size, seed=6, lengths=(1, 9, 41, 70))
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
     try:
-        for prompt, out in zip(prompts, llm.generate(prompts, params)):
-            ids, lps = hf_greedy(hf, prompt, MAX_TOKENS)
-            assert out.token_ids == ids, (arch_name, len(prompt))
-            ours = torch.tensor([lp.logprob for lp in out.logprobs])
-            torch.testing.assert_close(ours, torch.tensor(lps), atol=LOGPROB_ATOL, rtol=0)
+        check_batch(llm, prompts, lambda prompt: hf_greedy(hf, prompt, MAX_TOKENS), arch_name)
     finally:
         llm.shutdown()
 

@@ -12,6 +12,7 @@ Formats read (config.json `quantization_config`):
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -157,17 +158,10 @@ def checkpoint_scale(tensor, plan: Fp8Plan, n: int, k: int):
     """A checkpoint's weight scale in our layout (compressed-tensors stores per-channel scales as
     [N, 1] and per-tensor ones as [1]); ValueError when it holds the wrong number of scales."""
     want = plan.scales.shape(n, k)
-    if tensor.numel() != max(1, _numel(want)):
+    if tensor.numel() != math.prod(want):
         raise ValueError(f"fp8 {plan.scales.kind} scales of an [{n}, {k}] weight must hold {list(want)},"
                          f" the checkpoint has {list(tensor.shape)}")
     return tensor.float().reshape(want)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
