@@ -111,3 +111,18 @@ def test_stacking_refuses_mismatched_layouts_and_ragged_blocks():
     c = Fp8Linear.from_linear(torch.nn.Linear(32, 24), Fp8Scales("block", (16, 16)))
     with pytest.raises(ValueError, match="block scales of height 16"):
         stack_fp8([c, c])
+
+
+def test_stacking_channel_layers_equals_quantizing_the_stack():
+    """Why the loader may quantize before fuse_projections stacks q/k/v and gate/up."""
+    from tritongen.ops.fp8 import stack_fp8
+
+    torch.manual_seed(4)
+    dense = [torch.nn.Linear(32, n, bias=False) for n in (16, 8, 8)]
+    stacked = stack_fp8([Fp8Linear.from_linear(d) for d in dense])
+    whole = torch.nn.Linear(32, 32, bias=False)
+    with torch.no_grad():
+        whole.weight.copy_(torch.cat([d.weight for d in dense]))
+    direct = Fp8Linear.from_linear(whole)
+    assert torch.equal(stacked.weight.float(), direct.weight.float())
+    assert torch.equal(stacked.weight_scale, direct.weight_scale)

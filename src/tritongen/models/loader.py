@@ -81,8 +81,9 @@ def load_model(
     and device type (they are drawn on the device, so CPU and CUDA draws differ).
 
     FP8 (models/fp8_checkpoint.py): a checkpoint with an FP8 quantization_config gets Fp8Linear
-    layers filled from its tensors; `quantization="fp8"` on another one leaves its layers in
-    `dtype` here for the caller to quantize after fuse_projections (fp8_plan says which).
+    layers filled from its tensors; `quantization="fp8"` on another one quantizes its linear
+    layers once loaded, per output channel (fuse_projections stacks them as they are, which gives
+    the same tensors as quantizing the stacks).
 
     With a `split` (a tensor-parallel rank's), the model has the part's shapes and only the part's
     slice of each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time
@@ -90,15 +91,19 @@ def load_model(
     device = torch.device(device)
     arch = read_arch(model)
     plan = fp8_plan(model, quantization)
-    if plan is not None and plan.prequantized and split is not None:
+    prequantized = plan if plan is not None and plan.prequantized else None
+    if prequantized is not None and split is not None:
         raise ValueError("FP8 checkpoints load without tensor parallelism for now (their scales are not sharded)")
-    net = build_empty_model(arch, dtype, device, split.restructure if split is not None else None,
-                            plan if plan is not None and plan.prequantized else None)
+    net = build_empty_model(arch, dtype, device, split.restructure if split is not None else None, prequantized)
     spec: SpecFn = split.spec if split is not None else lambda name: None
     if is_dummy(model):
         init_dummy_weights(net, seed, spec, full_shapes(arch) if split is not None else None)
     else:
-        load_checkpoint(net, Path(model).expanduser(), spec, plan if plan is not None and plan.prequantized else None)
+        load_checkpoint(net, Path(model).expanduser(), spec, prequantized)
+    if plan is not None and prequantized is None:
+        from tritongen.models.fp8_checkpoint import quantize_layers
+
+        logger.info("fp8: %d linear layers quantized per output channel", len(quantize_layers(net, plan)))
     return net.eval(), arch
 
 

@@ -89,7 +89,6 @@ class ModelRunner:
         self.model.eval()
         if self.device.type == "cuda":
             self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
-        self._quantize(model_path, model_config.quantization)
         self.block_size = cache_config.block_size
         self.num_blocks = self._agree(cache_config.num_blocks
                                       or self._num_blocks_from_memory(cache_config, scheduler_config))
@@ -117,17 +116,6 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
                     self.num_blocks * self.bytes_per_block / 2**30, self.device, self.dtype, tokens / max_len, max_len)
-
-    def _quantize(self, model_path: str, quantization: Optional[str]) -> None:
-        """quantization="fp8" on a bf16/fp16 checkpoint: its linear layers (stacked ones included)
-        become Fp8Linear, per output channel."""
-        from tritongen.models.fp8_checkpoint import quantize_layers
-        from tritongen.models.loader import fp8_plan
-
-        plan = fp8_plan(model_path, quantization)
-        if plan is not None and not plan.prequantized:
-            names = quantize_layers(self.model, plan)
-            logger.info("fp8: %d linear layers quantized per output channel", len(names))
 
     def _select_decode_gemms(self, fused_silu_mul: bool) -> None:
         """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture);
