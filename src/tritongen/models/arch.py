@@ -4,8 +4,9 @@ Pure Python (no torch) so that the engine can size the KV cache and read EOS ids
 What varies between families is a field here (position encoding, norm kind, MLP kind, qk-norm,
 tied embeddings, softcapping, embedding scaling), so model code reads the arch instead of testing
 class names. Each family has one parser (config.json -> ModelArch) and one writer (ModelArch ->
-config.json of the HF class, for the HF twin); `_FAMILIES` lists them, and models/arch_dense.py
-those of Baichuan, Gemma and Phi-3.
+config.json of the HF class, for the HF twin), kept in `_FAMILIES`: this module's own (Llama family,
+GPT-2, Bloom, MoE) and those models/arch_dense.py registers (Baichuan, Gemma, Phi-3). The package
+tritongen.models imports arch_dense, so the table is complete wherever this module is imported.
 Both config.json layouts are accepted for RoPE families: the classic one (top-level `rope_theta` /
 `rope_scaling`, as on the Hub) and the transformers 5.x one (`rope_parameters`).
 """
@@ -345,25 +346,33 @@ def _write_moe(a: ModelArch) -> dict:
     return d
 
 
-_FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]] = {
+Family = tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]
+"""(config.json parser, config.json writer) of one architecture."""
+
+_FAMILIES: dict[str, Family] = {
     **{name: (_parse_llama_family, _write_llama_family) for name in LLAMA_FAMILY},
     "GPT2LMHeadModel": (_parse_gpt2, _write_gpt2),
     "BloomForCausalLM": (_parse_bloom, _write_bloom),
     **{name: (_parse_moe, _write_moe) for name in MOE_FAMILY},
 }
-"""architecture -> (config.json parser, config.json writer)."""
-DENSE_FAMILIES = ("BaichuanForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM")
-"""Families whose parser and writer live in models/arch_dense.py (imported on first use: it
-imports this module's helpers)."""
-assert set(_FAMILIES) | set(DENSE_FAMILIES) == set(SUPPORTED_ARCHITECTURES)
+"""architecture -> its Family; register_families adds the rest of SUPPORTED_ARCHITECTURES."""
 
 
-def _family(architecture: str) -> tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]:
-    if architecture in _FAMILIES:
-        return _FAMILIES[architecture]
-    from tritongen.models.arch_dense import FAMILIES
+def register_families(families: dict[str, Family]) -> None:
+    """Add the parser and writer of supported architectures that have none yet (each once)."""
+    for name in families:
+        if name not in SUPPORTED_ARCHITECTURES:
+            raise unsupported_architecture_error(name)
+        if name in _FAMILIES:
+            raise ValueError(f"architecture {name!r} already has a config.json parser")
+    _FAMILIES.update(families)
 
-    return FAMILIES[architecture]
+
+def _family(architecture: str) -> Family:
+    if architecture not in _FAMILIES:
+        raise LookupError(f"no config.json parser registered for {architecture!r} "
+                          "(import tritongen.models.arch_dense: it registers Baichuan, Gemma and Phi-3)")
+    return _FAMILIES[architecture]
 
 
 def _require(d: dict, key: str) -> Any:

@@ -1,7 +1,7 @@
 """config.json parsers and writers of Baichuan / Baichuan2, Gemma 2, Gemma 3 text and Phi-3.
 
-Pure Python like models/arch.py, whose helpers these use (arch.py imports this module on first use
-of one of these families). Each writer emits the layout its model's own loader reads: HF's
+Pure Python like models/arch.py, whose helpers these use; importing this module registers these
+families with ModelArch (the package tritongen.models imports it). Each writer emits the layout its model's own loader reads: HF's
 transformers 5.x layout for Gemma and Phi-3, and for Baichuan (remote code only, no transformers
 class) the keys its Hub config.json files carry.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from tritongen.models.arch import (
     ModelArch,
@@ -19,6 +19,7 @@ from tritongen.models.arch import (
     _parse_rope,
     _require,
     _write_llama_family,
+    register_families,
 )
 
 # -- Baichuan / Baichuan2 ---------------------------------------------------------------------------
@@ -225,10 +226,9 @@ def _write_phi3(a: ModelArch) -> dict:
     return d
 
 
-FAMILIES: dict[str, tuple[Callable[[str, dict], ModelArch], Callable[[ModelArch], dict]]] = {
+register_families({
     "BaichuanForCausalLM": (_parse_baichuan, _write_baichuan),
     "Gemma2ForCausalLM": (_parse_gemma, _write_gemma),
     "Gemma3ForCausalLM": (_parse_gemma, _write_gemma),
     "Phi3ForCausalLM": (_parse_phi3, _write_phi3),
-}
-"""architecture -> (config.json parser, config.json writer)."""
+})
