@@ -5,6 +5,8 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""Values of CacheConfig.kv_cache_dtype (vLLM's names; fp8 is e4m3)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,20 @@ class CacheConfig:
     """Fraction of GPU memory the engine may use (weights + activations + KV cache)."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes."""
+    kv_cache_dtype: str = "auto"
+    """auto | fp8 (alias fp8_e4m3): the KV cache's element type. auto: the model dtype; fp8: float8
+    e4m3, one byte per element (twice the tokens of a bf16 cache in the same memory), stored as
+    x / scale with per-layer k/v scales from the checkpoint (`self_attn.k_scale` / `v_scale`,
+    `k_proj` / `v_proj.output_scale`), 1.0 where it has none."""
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+                             + (" (only the e4m3 FP8 format is supported)" if "e5m2" in str(self.kv_cache_dtype) else ""))
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
 @dataclass(frozen=True)

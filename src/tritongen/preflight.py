@@ -79,11 +79,16 @@ def activation_bytes(arch: ModelArch, dtype_bytes: int, sched: SchedulerConfig, 
     return act
 
 
+def kv_dtype_bytes(cache: CacheConfig, dtype_bytes: int) -> int:
+    """Bytes of one KV-cache element: 1 in fp8, else the model dtype's."""
+    return 1 if cache.fp8_kv_cache else dtype_bytes
+
+
 def estimate(arch: ModelArch, dtype_bytes: int, cache: CacheConfig, sched: SchedulerConfig, *,
              on_gpu: bool, tensor_parallel_size: int = 1, max_model_len: Optional[int] = None) -> MemoryEstimate:
     """What loading `arch` takes. On CPU every rank shares the host, so the whole model counts; on
     GPU one rank's share is checked against its own device."""
-    per_block = kv_bytes_per_block(arch, cache.block_size, dtype_bytes)
+    per_block = kv_bytes_per_block(arch, cache.block_size, kv_dtype_bytes(cache, dtype_bytes))
     weights = num_params(arch) * dtype_bytes
     min_kv = 0
     if cache.num_blocks:
@@ -124,7 +129,7 @@ def refusal(est: MemoryEstimate, available: int, *, model: str, dtype: str, on_g
         lines.append(f"The weights and activations leave {_gib(room)} for the KV cache: "
                      f"--kv-cache-memory-gb {max(room / GiB * 0.9, 0.01):.2f} (or a smaller --num-blocks) fits.")
     lines.append("Flags that help: --dtype (2 bytes per weight instead of 4), --num-blocks / --kv-cache-memory-gb "
-                 "(KV cache), --max-num-batched-tokens / --max-num-seqs (activations), --max-model-len"
+                 "/ --kv-cache-dtype fp8 (KV cache), --max-num-batched-tokens / --max-num-seqs (activations), --max-model-len"
                  + (", --gpu-memory-utilization, --tensor-parallel-size" if on_gpu else "")
                  + "; or a smaller model (`tritongen presets` lists the dummy ones with their sizes).")
     return "\n".join(lines)

@@ -4,6 +4,12 @@ dispatch (ops/attention.py, which re-exports both names).
 
 KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V).
 Slot s lives at block s // block_size, offset s % block_size.
+
+The cache holds the model dtype, or float8 e4m3 (`kv_cache_dtype="fp8"`): then each layer's cache
+tensor carries that layer's scales as the attribute `kv_scales` = (k_scale, v_scale), float32
+scalars set by the runner (absent: 1.0, 1.0). Stored = x / scale clamped to +-448 and rounded to
+nearest even (computed as x times the float32 reciprocal, the same product in every
+implementation, so they store the same bits); read = stored * scale in float32.
 """
 from __future__ import annotations
 
@@ -12,6 +18,36 @@ from functools import cached_property
 from typing import Sequence
 
 import torch
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+"""The element type of an fp8 KV cache (Triton's tl.float8e4nv)."""
+FP8_MAX = 448.0
+"""Largest finite float8 e4m3 magnitude: quantized values are clamped to it."""
+
+
+def is_fp8_cache(kv_cache: torch.Tensor) -> bool:
+    return kv_cache.dtype == FP8_KV_DTYPE
+
+
+def kv_cache_scales(kv_cache: torch.Tensor) -> tuple[float, float]:
+    """(k_scale, v_scale) of one layer's cache: read = stored * scale; (1.0, 1.0) when unset."""
+    return getattr(kv_cache, "kv_scales", (1.0, 1.0))
+
+
+def set_kv_cache_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
+    """Attach a layer's scales to its cache tensor (the model passes the tensor to attention as it is)."""
+    if not (k_scale > 0 and v_scale > 0):
+        raise ValueError(f"KV cache scales must be positive, got k_scale={k_scale} v_scale={v_scale}")
+    kv_cache.kv_scales = (_float32(k_scale), _float32(v_scale))
+
+
+def _float32(x: float) -> float:
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+def inverse_scale(scale: float) -> float:
+    """1 / scale rounded to float32: what stored values are multiplied by (x / scale)."""
+    return _float32(1.0 / scale)
 
 
 @dataclass

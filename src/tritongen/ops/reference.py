@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.nn.functional as F
 
+from tritongen.ops.attention_metadata import FP8_KV_DTYPE, FP8_MAX, inverse_scale, is_fp8_cache, kv_cache_scales
+
 if TYPE_CHECKING:
     from tritongen.ops.attention_metadata import AttentionMetadata
 
@@ -129,27 +131,50 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 # Paged KV cache and attention
 # ---------------------------------------------------------------------------------------------
 
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x / scale as float8 e4m3: in float32 (times the float32 reciprocal), clamped to +-448,
+    rounded to nearest even."""
+    return (x.to(torch.float32) * inverse_scale(scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """float8 e4m3 cache values -> float32: stored * scale."""
+    return x.to(torch.float32) * scale
+
+
 def write_kv_cache_ref(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store k, v [T, Hkv, D] at flat slots (block_id * block_size + offset); slots < 0 are padding."""
+    """Store k, v [T, Hkv, D] at flat slots (block_id * block_size + offset); slots < 0 are padding.
+    An fp8 cache stores them quantized with the layer's scales (attention_metadata.kv_cache_scales)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
-    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
-    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     valid = slot_mapping >= 0
     if not bool(valid.all()):  # host sync; acceptable in the oracle
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+    if is_fp8_cache(kv_cache):
+        k_scale, v_scale = kv_cache_scales(kv_cache)
+        # index_copy_ has no float8 kernel: copy the bytes.
+        k, v = quantize_kv(k, k_scale).view(torch.uint8), quantize_kv(v, v_scale).view(torch.uint8)
+        kv_cache = kv_cache.view(torch.uint8)
+    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
     k_flat.index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     v_flat.index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [seq_len, Hkv, D] of one sequence, read through its block table."""
+    """K, V [seq_len, Hkv, D] of one sequence, read through its block table (an fp8 cache's
+    dequantized, in float32)."""
     block_size = kv_cache.shape[2]
     num_blocks = (seq_len + block_size - 1) // block_size
     blocks = block_table[:num_blocks].long()
-    k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
-    v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+    fp8 = is_fp8_cache(kv_cache)
+    cache = kv_cache.view(torch.uint8) if fp8 else kv_cache  # gather the bytes: indexing kernels may lack float8
+    k = cache[0, blocks].flatten(0, 1)[:seq_len]
+    v = cache[1, blocks].flatten(0, 1)[:seq_len]
+    if fp8:
+        k_scale, v_scale = kv_cache_scales(kv_cache)
+        k, v = dequantize_kv(k.view(FP8_KV_DTYPE), k_scale), dequantize_kv(v.view(FP8_KV_DTYPE), v_scale)
     return k, v
 
 

@@ -31,15 +31,35 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.attention_metadata import AttentionMetadata
+from tritongen.ops.attention_metadata import AttentionMetadata, inverse_scale, is_fp8_cache, kv_cache_scales
 from tritongen.ops.triton_elementwise import rope_row, rotate_heads
 from tritongen.ops.triton_gemv import split_workspace
 
 
 @triton.jit
-def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
-                     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+def _to_cache(x, inv_scale, FP8: tl.constexpr):
+    """A K or V value as the cache stores it: itself (the cache is in its dtype), or with FP8
+    x / scale in float32 (times the reciprocal), clamped to +-448, rounded to nearest even: the
+    arithmetic of reference.quantize_kv."""
+    if FP8:
+        y = x.to(tl.float32) * inv_scale
+        x = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
+    return x
+
+
+@triton.jit
+def _from_cache(x, scale, dtype: tl.constexpr, FP8: tl.constexpr):
+    """A tile loaded from the cache as the attention takes it: itself, or with FP8 stored * scale in
+    float32, then in `dtype` (the queries') for tl.dot."""
+    if FP8:
+        x = (x.to(tl.float32) * scale).to(dtype)
+    return x
+
+
+@triton.jit
+def _write_kv_kernel(K, V, KC, VC, SLOTS, k_inv, v_inv, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                     stride_ch, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_D: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0)
     slot = tl.load(SLOTS + t)
     if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
@@ -48,8 +68,14 @@ def _write_kv_kernel(K, V, KC, VC, SLOTS, stride_kt, stride_kh, stride_vt, strid
         ok = (d < HEAD_DIM) & (h < NUM_HEADS)
         dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
         # k and v may have different strides (v can be a view into a fused qkv output).
-        tl.store(KC + dst, tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), mask=ok)
-        tl.store(VC + dst, tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), mask=ok)
+        tl.store(KC + dst, _to_cache(tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), k_inv, FP8), mask=ok)
+        tl.store(VC + dst, _to_cache(tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), v_inv, FP8), mask=ok)
+
+
+def _inverse_scales(kv_cache: torch.Tensor) -> tuple[float, float]:
+    """(1 / k_scale, 1 / v_scale) in float32: what the write kernels multiply by."""
+    k_scale, v_scale = kv_cache_scales(kv_cache)
+    return inverse_scale(k_scale), inverse_scale(v_scale)
 
 
 def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -57,17 +83,34 @@ def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
     if T == 0:
         return
     kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
-    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                           kc.stride(1), kc.stride(2),
+    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, *_inverse_scales(kv_cache), k.stride(0), k.stride(1),
+                           v.stride(0), v.stride(1), kc.stride(1), kc.stride(2),
                            NUM_HEADS=H, BLOCK_H=triton.next_power_of_2(H), HEAD_DIM=D,
-                           BLOCK_D=triton.next_power_of_2(D))
+                           BLOCK_D=triton.next_power_of_2(D), FP8=is_fp8_cache(kv_cache))
 
 
 @triton.jit
-def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, stride_qt, stride_qh, stride_kt, stride_kh,
-                            stride_vt, stride_vh, stride_c, stride_cs, stride_ch,
+def _rotate_keys_into_cache(X, O, cos, sin, sh_x, sh_o, h, d, inv_scale, H: tl.constexpr, HALF: tl.constexpr,
+                            FP8: tl.constexpr):
+    """rotate_heads (triton_elementwise) of keys into the cache. With FP8 each rotated element is
+    rounded to the keys' dtype as rotate_heads rounds it, then quantized (_to_cache): the cache
+    holds quantize(rotary(k)), as the reference's rotary followed by its KV write stores."""
+    if FP8:
+        ok = (h < H) & (d < HALF)
+        x1 = tl.load(X + h * sh_x + d, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(X + h * sh_x + HALF + d, mask=ok, other=0.0).to(tl.float32)
+        dtype = X.dtype.element_ty
+        tl.store(O + h * sh_o + d, _to_cache((x1 * cos - x2 * sin).to(dtype), inv_scale, FP8), mask=ok)
+        tl.store(O + h * sh_o + HALF + d, _to_cache((x2 * cos + x1 * sin).to(dtype), inv_scale, FP8), mask=ok)
+    else:
+        rotate_heads(X, O, cos, sin, sh_x, sh_o, h, d, H, HALF)
+
+
+@triton.jit
+def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, k_inv, v_inv, stride_qt, stride_qh, stride_kt,
+                            stride_kh, stride_vt, stride_vh, stride_c, stride_cs, stride_ch,
                             HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-                            BLOCK_HALF: tl.constexpr):
+                            BLOCK_HALF: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0)
     h, d, cos, sin = rope_row(COS, SIN, t, stride_c, BLOCK_H, HALF, BLOCK_HALF)
     # rotated q is contiguous [T, HQ, 2*HALF]
@@ -75,11 +118,13 @@ def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, stride_qt, str
     slot = tl.load(SLOTS + t)
     if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
         dst = slot.to(tl.int64) * stride_cs
-        rotate_heads(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, HK, HALF)
+        _rotate_keys_into_cache(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, k_inv, HK, HALF,
+                                FP8)
         ok = (h < HK) & (d < HALF)
         for half in tl.static_range(2):
             src = V + t * stride_vt + h * stride_vh + half * HALF + d
-            tl.store(VC + dst + h * stride_ch + half * HALF + d, tl.load(src, mask=ok), mask=ok)
+            tl.store(VC + dst + h * stride_ch + half * HALF + d, _to_cache(tl.load(src, mask=ok), v_inv, FP8),
+                     mask=ok)
 
 
 def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -94,10 +139,10 @@ def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
         cos, sin = cos.contiguous(), sin.contiguous()
         kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
         _rotary_write_kv_kernel[(T,)](
-            q, k, v, cos, sin, qo, kc, vc, slot_mapping, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            v.stride(0), v.stride(1), cos.stride(0), kc.stride(1), kc.stride(2),
+            q, k, v, cos, sin, qo, kc, vc, slot_mapping, *_inverse_scales(kv_cache), q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), kc.stride(1), kc.stride(2),
             HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=d // 2,
-            BLOCK_HALF=triton.next_power_of_2(d // 2))
+            BLOCK_HALF=triton.next_power_of_2(d // 2), FP8=is_fp8_cache(kv_cache))
     return qo
 
 
@@ -112,16 +157,18 @@ def _row_slopes(SLOPES, head, row_ok, BLOCK_M: tl.constexpr, ALIBI: tl.constexpr
 
 @triton.jit
 def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale, slopes, softcap,
-                 stride_bt, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-                 USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
+                 k_scale, v_scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr,
+                 CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr,
+                 IEEE: tl.constexpr, FP8: tl.constexpr):
     """One tile of BLOCK_N key slots (n, gathered through the block table) folded into the online
     softmax state (m_i, l_i, acc) of q's rows. Scores: scaled, capped (SOFTCAP), plus the rows'
     slopes times each key's position (ALIBI), as reference.attend orders them. Visible: slots n_ok;
-    with CAUSAL only keys at or before each row's q_pos, and with USE_WINDOW only the last `window`."""
+    with CAUSAL only keys at or before each row's q_pos, and with USE_WINDOW only the last `window`.
+    An FP8 cache's tiles are dequantized (k_scale, v_scale) as they are loaded."""
     blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
     off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
     kv_mask = n_ok[:, None] & d_ok[None, :]
-    k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    k = _from_cache(tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, q.dtype, FP8)
     if IEEE:
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
@@ -141,7 +188,7 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = _from_cache(tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, q.dtype, FP8)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -151,11 +198,11 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
 
 @triton.jit
 def _paged_attn_kernel(
-    Q, K, V, O, BT, SEQ_LENS, QSL, SLOPES, scale, window, softcap,
+    Q, K, V, O, BT, SEQ_LENS, QSL, SLOPES, scale, window, softcap, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -187,8 +234,8 @@ def _paged_attn_kernel(
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_i, acc, scale,
-                                     slopes, softcap, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, True,
-                                     USE_WINDOW, ALIBI, SOFTCAP, IEEE)
+                                     slopes, softcap, k_scale, v_scale, stride_bt, stride_kb, stride_ks, stride_kh,
+                                     PAGE, True, USE_WINDOW, ALIBI, SOFTCAP, IEEE, FP8)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(O + (q_start + tok)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -229,9 +276,10 @@ def _split_range(seq_len, window, split, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.c
 
 
 @triton.jit
-def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, slopes, softcap, stride_bt, stride_kb,
-                 stride_ks, stride_kh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PAGE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
+def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, slopes, softcap, k_scale, v_scale,
+                 stride_bt, stride_kb, stride_ks, stride_kh, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr,
+                 IEEE: tl.constexpr, FP8: tl.constexpr):
     """Online-softmax state (m, l, acc) of one decode query's rows over one split's keys (see
     _split_range; no causal mask needed); an empty split gives m=-inf, l=0, acc=0."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -241,8 +289,8 @@ def _attend_keys(q, K, V, BT, seq, kvh, lo, start, end, d, d_ok, scale, slopes, 
         n = tile + tl.arange(0, BLOCK_N)
         n_ok = (n < end) & (n >= lo)
         m_i, l_i, acc = _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, end, 0, d, d_ok, m_i, l_i, acc, scale, slopes,
-                                     softcap, stride_bt, stride_kb, stride_ks, stride_kh, PAGE, False, False, ALIBI,
-                                     SOFTCAP, IEEE)
+                                     softcap, k_scale, v_scale, stride_bt, stride_kb, stride_ks, stride_kh, PAGE,
+                                     False, False, ALIBI, SOFTCAP, IEEE, FP8)
     return m_i, l_i, acc
 
 
@@ -264,29 +312,33 @@ def _rotated_q(Q, COS, SIN, t, head, row_ok, d, stride_qt, stride_qh, stride_cos
 
 
 @triton.jit
-def _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
-                  stride_cs, stride_ch, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_cos, stride_cs, stride_ch, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                  FP8: tl.constexpr):
     """Token t's key for KV head kvh rotated, and its value, stored at cache slot `slot`: the code
-    _rotary_write_kv_kernel runs (rope_row, rotate_heads) for one head, so the cache gets the same bits."""
+    _rotary_write_kv_kernel runs (rope_row, _rotate_keys_into_cache) for one head, so the cache gets
+    the same bits."""
     h, d, cos, sin = rope_row(COS, SIN, t, stride_cos, 1, HALF, BLOCK_HALF)
     dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch
-    rotate_heads(K + t.to(tl.int64) * stride_kt + kvh * stride_kh, KC + dst, cos, sin, stride_kh, stride_ch,
-                 h, d, 1, HALF)
+    _rotate_keys_into_cache(K + t.to(tl.int64) * stride_kt + kvh * stride_kh, KC + dst, cos, sin, stride_kh,
+                            stride_ch, h, d, k_inv, 1, HALF, FP8)
     for half in tl.static_range(2):
         src = V + t.to(tl.int64) * stride_vt + kvh * stride_vh + half * HALF + d
-        tl.store(VC + dst + half * HALF + d, tl.load(src, mask=d < HALF), mask=d < HALF)
+        tl.store(VC + dst + half * HALF + d, _to_cache(tl.load(src, mask=d < HALF), v_inv, FP8), mask=d < HALF)
 
 
 @triton.jit
-def _copy_new_kv(K, V, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _copy_new_kv(K, V, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+                 stride_ch, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr):
     """Token t's key and value for KV head kvh stored at cache slot `slot` as they are (families
     without rotary): the bits _write_kv_kernel stores."""
     d = tl.arange(0, BLOCK_D)
     ok = d < HEAD_DIM
     dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch + d
-    tl.store(KC + dst, tl.load(K + t.to(tl.int64) * stride_kt + kvh * stride_kh + d, mask=ok), mask=ok)
-    tl.store(VC + dst, tl.load(V + t.to(tl.int64) * stride_vt + kvh * stride_vh + d, mask=ok), mask=ok)
+    k = tl.load(K + t.to(tl.int64) * stride_kt + kvh * stride_kh + d, mask=ok)
+    tl.store(KC + dst, _to_cache(k, k_inv, FP8), mask=ok)
+    tl.store(VC + dst, _to_cache(tl.load(V + t.to(tl.int64) * stride_vt + kvh * stride_vh + d, mask=ok), v_inv, FP8),
+             mask=ok)
 
 
 @triton.jit
@@ -325,12 +377,13 @@ def _last_split_reduces(m_i, l_i, acc, PART_M, PART_L, PART_ACC, COUNTS, o_ptrs,
 @triton.jit
 def _decode_attn_kernel(
     Q, K, V, COS, SIN, KC, VC, O, SLOTS, BT, SEQ_LENS, QSL, SLOPES, PART_M, PART_L, PART_ACC, COUNTS,
-    scale, window, softcap,
+    scale, window, softcap, k_scale, v_scale, k_inv, v_inv,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
     ROTARY: tl.constexpr, WRITE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)  # grid (num_seqs, num_kv_heads, NUM_SPLITS); the module docstring says why
     kvh = tl.program_id(1)
@@ -354,16 +407,16 @@ def _decode_attn_kernel(
         # CUDA-graph batches), then reads it back through the cache; no other split reads that slot.
         if (start < end) & (end == seq_len) & (slot >= 0):
             if ROTARY:
-                _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
-                              stride_cos, stride_cs, stride_ch, HEAD_DIM // 2, BLOCK_D // 2)
+                _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt, stride_kh, stride_vt,
+                              stride_vh, stride_cos, stride_cs, stride_ch, HEAD_DIM // 2, BLOCK_D // 2, FP8)
             else:
-                _copy_new_kv(K, V, KC, VC, slot, t, kvh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                             stride_ch, HEAD_DIM, BLOCK_D)
+                _copy_new_kv(K, V, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt, stride_kh, stride_vt, stride_vh,
+                             stride_cs, stride_ch, HEAD_DIM, BLOCK_D, FP8)
             tl.debug_barrier()  # every thread's stores are visible to every thread's tile loads
     slopes = _row_slopes(SLOPES, head, row_ok, BLOCK_M, ALIBI)
     m_i, l_i, acc = _attend_keys(q, KC, VC, BT, seq, kvh, lo, start, end, d, d < HEAD_DIM, scale, slopes, softcap,
-                                 stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D, BLOCK_N, PAGE, ALIBI,
-                                 SOFTCAP, IEEE)
+                                 k_scale, v_scale, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D,
+                                 BLOCK_N, PAGE, ALIBI, SOFTCAP, IEEE, FP8)
     o_ptrs = O + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :]
     o_ok = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     part = (seq * tl.num_programs(1) * GROUP + head) * NUM_SPLITS  # scratch [num_seqs, num_heads, NUM_SPLITS(, D)]
@@ -404,12 +457,13 @@ def _split_decode(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.
     _decode_attn_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, cos, sin, kc, vc, out, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc,
         alibi_slopes, part_m, part_l, part_acc, counts, scale, sliding_window or 0, float(logit_softcap or 1.0),
-        q.stride(0), q.stride(1), _stride(k, 0), _stride(k, 1), _stride(v, 0), _stride(v, 1), _stride(cos, 0),
+        *kv_cache_scales(kv_cache), *_inverse_scales(kv_cache), q.stride(0), q.stride(1), _stride(k, 0), _stride(k, 1), _stride(v, 0), _stride(v, 1), _stride(cos, 0),
         out.stride(0), out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), meta.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size,
         NUM_SPLITS=splits, USE_WINDOW=bool(sliding_window), ROTARY=cos is not None, WRITE=k is not None,
         ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
+        FP8=is_fp8_cache(kv_cache),
     )
 
 
@@ -437,12 +491,13 @@ def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: Attent
     grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc, alibi_slopes,
-        scale, sliding_window or 0, float(logit_softcap or 1.0),
+        scale, sliding_window or 0, float(logit_softcap or 1.0), *kv_cache_scales(kv_cache),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
         ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
+        FP8=is_fp8_cache(kv_cache),
     )
     return out
 

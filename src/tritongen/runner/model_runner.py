@@ -17,9 +17,11 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
 from tritongen.ops import kernels
 from tritongen.ops.attention import AttentionMetadata, select_attention_backend
+from tritongen.ops.attention_metadata import set_kv_cache_scales
 from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
+from tritongen.runner.kv_cache import checkpoint_kv_scales, resolve_kv_cache_dtype
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
 
@@ -79,6 +81,8 @@ class ModelRunner:
 
         arch = read_arch(model_path)
         self.dtype = resolve_dtype(model_config.dtype, self.device, arch.torch_dtype)
+        self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(cache_config, self.dtype, self.device, self.attention_backend)
         split = None
         if shard is not None:
             from tritongen.parallel.tensor_parallel import model_split
@@ -92,10 +96,9 @@ class ModelRunner:
         self.block_size = cache_config.block_size
         self.num_blocks = self._agree(cache_config.num_blocks
                                       or self._num_blocks_from_memory(cache_config, scheduler_config))
-        self.kv_caches = self._allocate_kv_cache()
+        self.kv_caches = self._allocate_kv_cache(model_path)
         self.sampler = Sampler(self.arch.vocab_size, self.device, seed=model_config.seed) if driver else None
         self._pin = self.device.type == "cuda"
-        self.attention_backend = select_attention_backend(model_config.attention_backend, self.device)
         self.kernels = kernels.KernelChoices(triton=self.attention_backend == "triton")
         """This engine's kernel dispatch, active around each of its forward passes."""
         if self.kernels.triton:
@@ -115,7 +118,8 @@ class ModelRunner:
         tokens = self.num_blocks * self.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
-                    self.num_blocks * self.bytes_per_block / 2**30, self.device, self.dtype, tokens / max_len, max_len)
+                    self.num_blocks * self.bytes_per_block / 2**30, self.device, self.kv_cache_dtype, tokens / max_len,
+                    max_len)
 
     def _select_decode_gemms(self, fused_silu_mul: bool) -> None:
         """Time the Triton skinny GEMM against cuBLAS on this model's weights (before graph capture);
@@ -156,8 +160,8 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block over all layers, of this rank's heads."""
-        elt = torch.empty((), dtype=self.dtype).element_size()
+        """KV bytes of one block over all layers, of this rank's heads (1 byte per element in fp8)."""
+        elt = self.kv_cache_dtype.itemsize
         return self.arch.num_hidden_layers * elt * math.prod(self.model.kv_cache_shape(1, self.block_size))
 
     def _agree(self, num_blocks: int) -> int:
@@ -181,9 +185,15 @@ class ModelRunner:
                                "raise --gpu-memory-utilization or use a smaller model")
         return num_blocks
 
-    def _allocate_kv_cache(self) -> list[torch.Tensor]:
+    def _allocate_kv_cache(self, model_path: str) -> list[torch.Tensor]:
+        """One cache tensor per layer in kv_cache_dtype; an fp8 one carries its layer's scales."""
         shape = self.model.kv_cache_shape(self.num_blocks, self.block_size)  # this rank's KV heads
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.arch.num_hidden_layers)]
+        caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                  for _ in range(self.arch.num_hidden_layers)]
+        if self.kv_cache_dtype != self.dtype:
+            for cache, (k_scale, v_scale) in zip(caches, checkpoint_kv_scales(model_path, len(caches))):
+                set_kv_cache_scales(cache, k_scale, v_scale)
+        return caches
 
     def _to_device(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype)
