@@ -1,0 +1,246 @@
+"""Our engine and a peer engine (vLLM) side by side on one HF checkpoint: the dummy weights saved
+once as safetensors, the in-process workloads both run the same way (batch-1 decode, offline
+throughput over token ids), and the command that starts each one's OpenAI server.
+benchmarks/peer_suite.py drives them (docs/bench.md, "Peers on the GPU machine").
+
+A peer is imported only when asked for (`side("vllm", ...)`); when it is not installed the error
+says how to get it onto the GPU machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+PEERS = ("vllm",)
+STAMP = "tritongen_checkpoint.json"
+"""Written last into a saved checkpoint: what it holds. A directory without it is incomplete."""
+
+
+# -- the checkpoint both load ---------------------------------------------------------------------
+
+def save_checkpoint(model: str, out: Path, tokenizer_dir: Optional[str], dtype: str = "bfloat16",
+                    device: str = "cpu", seed: int = 0) -> dict:
+    """Write `dummy:<preset>` as an HF checkpoint (config.json, model.safetensors, the tokenizer's
+    files) in `out`, or reuse `out` when its stamp says it holds the same model, dtype and seed.
+    Returns the stamp plus `reused` and `seconds`."""
+    import torch
+    from safetensors.torch import save_file
+
+    from tritongen.models.loader import hf_config_dict, load_model
+
+    want = {"model": model, "dtype": dtype, "seed": seed, "tokenizer": str(tokenizer_dir or "")}
+    stamp_path = out / STAMP
+    if stamp_path.exists():
+        have = json.loads(stamp_path.read_text())
+        if {k: have.get(k) for k in want} == want:
+            return {**have, "reused": True, "seconds": 0.0}
+    t0 = time.monotonic()
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    net, _ = load_model(model, getattr(torch, dtype), torch.device(device), seed=seed)
+    config = hf_config_dict(model)
+    config["torch_dtype"] = dtype
+    state = {name: t.detach().to("cpu").contiguous() for name, t in net.hf_state_dict().items()}
+    del net
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)  # safetensors refuses shared tensors; loaders re-tie
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    del state
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    if tokenizer_dir:
+        for f in Path(tokenizer_dir).iterdir():
+            if f.is_file() and f.name not in ("config.json", STAMP) and f.suffix != ".safetensors":
+                shutil.copy2(f, tmp / f.name)
+    stamp = {**want, "bytes": nbytes, "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (tmp / STAMP).write_text(json.dumps(stamp, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return {**stamp, "reused": False, "seconds": time.monotonic() - t0}
+
+
+# -- the engines ------------------------------------------------------------------------------------
+
+def cli_flags(options: dict) -> list[str]:
+    """Keyword arguments as a server's flags: --max-num-seqs 256, --flag / --no-flag, JSON for dicts."""
+    out = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            out += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return out
+
+
+class OursSide:
+    """tritongen's LLM on the checkpoint, with the engine options given (prefix caching off)."""
+
+    name = "tritongen"
+
+    def __init__(self, model_dir: str, options: dict) -> None:
+        from tritongen import LLM
+
+        self.llm = LLM(**{**options, "model": model_dir, "tokenizer": model_dir})
+        self.config = {"max_num_seqs": self.llm.config.scheduler.max_num_seqs,
+                       "kv_blocks": self.llm.engine.runner.num_blocks}
+
+    def generate(self, prompts: list[list[int]], output_lens: list[int]) -> list[int]:
+        """Output token counts of greedy, fixed-length generations (ignore_eos)."""
+        from tritongen.bench.offline import fixed_length_params
+
+        outs = self.llm.generate(prompts, [fixed_length_params(n) for n in output_lens])
+        return [o.num_output_tokens for o in outs]
+
+    def close(self) -> None:
+        if hasattr(self.llm, "shutdown"):
+            self.llm.shutdown()
+        del self.llm
+
+    @staticmethod
+    def server_command(model_dir: str, port: int, options: dict) -> list[str]:
+        return [sys.executable, "-m", "tritongen.cli", "serve", "--frontend", "openai", "--host", "127.0.0.1",
+                "--port", str(port), *cli_flags({**options, "model": model_dir, "tokenizer": model_dir})]
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as exc:
+        raise SystemExit(
+            f"--peer vllm: vllm is not importable ({exc}). On the GPU machine build it from the carried "
+            "parts (benchmarks/peers/install_vllm.sh) and put its site first: "
+            "PYTHONPATH=/tmp/peer-site:$PYTHONPATH; here, use --peer none") from exc
+    return vllm
+
+
+class VllmSide:
+    """vllm.LLM on the checkpoint: same dtype and seed, prefix caching off; `kwargs` adds engine
+    arguments (what --vllm-kwargs gives, also passed to its server as flags)."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str, dtype: str, seed: int, kwargs: dict) -> None:
+        vllm = import_vllm()
+        self.vllm = vllm
+        self.llm = vllm.LLM(model=model_dir, tokenizer=model_dir, dtype=dtype, seed=seed, enable_prefix_caching=False,
+                            **kwargs)
+        self.config = {"version": vllm.__version__, **kwargs}
+        try:  # the scheduler's effective limits (its defaults depend on the GPU and on LLM vs server)
+            sched = self.llm.llm_engine.vllm_config.scheduler_config
+            self.config.update(max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens)
+        except AttributeError:
+            pass
+
+    def generate(self, prompts: list[list[int]], output_lens: list[int]) -> list[int]:
+        from vllm.inputs import TokensPrompt
+
+        params = [self.vllm.SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+                  for n in output_lens]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [len(o.outputs[0].token_ids) for o in outs]
+
+    def close(self) -> None:
+        del self.llm
+
+    @staticmethod
+    def server_command(model_dir: str, port: int, dtype: str, seed: int, kwargs: dict) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--tokenizer",
+                model_dir, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", str(seed),
+                "--no-enable-prefix-caching", *cli_flags(kwargs)]
+
+
+# -- workloads, the same code for both --------------------------------------------------------------
+
+def bs1_prompts(vocab: int, input_len: int, n: int, seed: int) -> list[list[int]]:
+    """n different prompts (no prefix-cache hit even where caching is on)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(input_len)] for _ in range(n)]
+
+
+def bs1(side, prompts: list[list[int]], output_len: int) -> dict:
+    """Batch-1 generation of output_len tokens, wall time per request (first prompt: warm-up).
+    The time of a 1-token request gives the decode rate: (t(n) - t(1)) / (n - 1)."""
+    side.generate([prompts[0]], [output_len])
+    one, full = [], []
+    for p in prompts[1:]:
+        t0 = time.perf_counter()
+        side.generate([p], [1])
+        one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        n = side.generate([p], [output_len])[0]
+        full.append(time.perf_counter() - t0)
+        if n != output_len:
+            raise RuntimeError(f"{side.name}: {n} output tokens, asked for {output_len}")
+    e2e, first = min(full), min(one)
+    return {"input_len": len(prompts[0]), "output_len": output_len, "iters": len(full), "e2e_s": e2e,
+            "tok_s": output_len / e2e, "one_token_s": first,
+            "decode_ms_per_step": 1e3 * (e2e - first) / max(output_len - 1, 1), "e2e_all_s": full}
+
+
+def offline(side, prompts: list[list[int]], output_lens: list[int]) -> dict:
+    """Every request at once through the side's generate; throughput of the whole batch."""
+    side.generate([prompts[0][:8]], [2])  # warm-up
+    t0 = time.perf_counter()
+    counts = side.generate(prompts, output_lens)
+    elapsed = time.perf_counter() - t0
+    prompt_tokens, out_tokens = sum(len(p) for p in prompts), sum(counts)
+    return {"num_requests": len(prompts), "elapsed_time": elapsed, "prompt_tokens": prompt_tokens,
+            "completion_tokens": out_tokens, "rps": len(prompts) / elapsed, "output_tok_s": out_tokens / elapsed,
+            "total_tok_s": (prompt_tokens + out_tokens) / elapsed,
+            "lengths_ok": counts == list(output_lens)}
+
+
+def make_side(name: str, plan: dict):
+    """The side a worker process runs: "tritongen" or a peer's name, from the plan's settings."""
+    if name == OursSide.name:
+        return OursSide(plan["model_dir"], plan["ours_options"])
+    if name == "vllm":
+        return VllmSide(plan["model_dir"], plan["dtype"], plan["seed"], plan["vllm_kwargs"])
+    raise ValueError(f"unknown side {name!r}; choose from {OursSide.name}, {', '.join(PEERS)}")
+
+
+def run_worker(name: str, plan: dict) -> dict:
+    """The in-process workloads of one side (what plan["workloads"] names), in this process."""
+    t0 = time.monotonic()
+    side = make_side(name, plan)
+    out: dict = {"side": name, "start_s": time.monotonic() - t0, "config": side.config, "env": _env()}
+    print(f"[{name}] engine ready in {out['start_s']:.1f} s: {side.config}", flush=True)
+    if "bs1" in plan["workloads"]:
+        out["bs1"] = bs1(side, plan["bs1_prompts"], plan["bs1_output_len"])
+        print(f"[{name}] bs1: {out['bs1']['tok_s']:.1f} tok/s, {out['bs1']['decode_ms_per_step']:.3f} ms/step",
+              flush=True)
+    if "offline" in plan["workloads"]:
+        out["offline"] = offline(side, plan["offline_prompts"], plan["offline_output_lens"])
+        print(f"[{name}] offline: {out['offline']['rps']:.2f} req/s, {out['offline']['output_tok_s']:.0f} out tok/s",
+              flush=True)
+    side.close()
+    return out
+
+
+def _env() -> dict:
+    import platform
+
+    info = {"python": platform.python_version(), "pythonpath": os.environ.get("PYTHONPATH", "")}
+    for pkg in ("torch", "transformers", "triton", "vllm"):
+        mod = sys.modules.get(pkg)
+        info[pkg] = getattr(mod, "__version__", None) if mod else None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def check_available(peer: str) -> None:
+    """Fail at once, with the way to install it, when `peer` is not importable (nothing imported)."""
+    import importlib.util
+
+    if peer == "vllm" and importlib.util.find_spec("vllm") is None:
+        import_vllm()
