@@ -43,6 +43,8 @@ from tritongen.bench import peers  # noqa: E402
 from tritongen.config_cli import add_engine_args, engine_kwargs  # noqa: E402
 
 WORKLOADS = ("bs1", "offline", "serving")
+# The GPU machine has no network: nothing should wait on a hub or a usage-stats endpoint.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 log = gpu_serving.log
 
 
@@ -67,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout", type=float, default=420.0, help="seconds a server may take to start")
     ap.add_argument("--worker-timeout", type=float, default=540.0, help="seconds for one side's bs1 + offline")
     ap.add_argument("--vllm-kwargs", type=json.loads, default={},
-                    help='JSON of extra vllm.LLM arguments, also given to its server as flags, e.g. {"max_num_seqs": 256}')
+                    help='extra vllm.LLM arguments as JSON, also its server\'s flags, e.g. {"max_num_seqs": 256}')
     ap.add_argument("--log-dir", default=None, help="server logs and the worker plan (default: beside the JSON)")
     add_engine_args(ap)  # ours: --model, --tokenizer, --dtype, --device, --max-num-seqs, ...
     ap.set_defaults(model="dummy:llama-2-7b", dtype=None, enable_prefix_caching=False)
@@ -259,6 +261,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["--worker"]:
         return worker_main(argv[1:])
     args = parse_args(argv)
+    for name, value in OFFLINE_ENV.items():  # the workers and servers inherit them
+        os.environ.setdefault(name, value)
     if args.peer in args.sides:
         peers.check_available(args.peer)  # before minutes of checkpoint writing
     from tritongen.bench import roofline

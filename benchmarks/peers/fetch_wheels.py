@@ -1,14 +1,15 @@
 """Download a peer engine (vLLM, LMDeploy) and the requirements the GPU machine's image lacks, as
-wheels for Python 3.12 / manylinux x86-64, then split them into parts that fit one device call.
+wheels for Python 3.12 / manylinux x86-64 (pack_parts.py then packs them into parts that fit one device call).
 
 The GPU machine has no network and takes at most 64 MiB of carried files per call; its image
 already holds torch 2.11 (CUDA 13) and ~200 packages (gpu_image_packages.txt, from the device
 tool's KINDS.md). This walks the peer's Requires-Dist (markers evaluated for that machine, extras
 followed when named), skips what the image has, downloads each wheel with `pip download
---no-deps`, and writes <out>/parts/part-NN (<= --part-mib each) plus manifest.json. On the device,
-benchmarks/peers/device_install.sh reassembles the parts carried over several calls and installs.
+--no-deps` (manylinux 2_17 to 2_39 tags: some requirements ship only 2_31 builds) and writes
+<out>/resolved.json: the wheels, and the versions the closure asks of what was skipped (to check
+against the image). make_vllm_parts.sh runs it, then pack_parts.py.
 
-    python benchmarks/peers/fetch_wheels.py vllm==0.25.1 --out /work/peer-vllm
+    python benchmarks/peers/fetch_wheels.py vllm==0.25.1 --out .gpu/peers/cache/vllm --skip ...
 """
 from __future__ import annotations
 
@@ -85,35 +86,21 @@ def resolve(root: str, dest: Path, skip: set[str], skipped: dict[str, set[str]])
     return list(seen.values())
 
 
-def split(dest: Path, wheels: list[dict], part_mib: int) -> list[str]:
-    """Concatenate the wheels into one tar stream and cut it into parts of at most part_mib MiB."""
-    parts_dir = dest / "parts"
-    parts_dir.mkdir(exist_ok=True)
-    tar = dest / "wheels.tar"
-    subprocess.run(["tar", "-cf", str(tar), "-C", str(dest)] + [w["wheel"] for w in wheels], check=True)
-    subprocess.run(["split", "-b", f"{part_mib}M", "-d", "-a", "2", str(tar), str(parts_dir / "part-")], check=True)
-    tar.unlink()
-    return sorted(p.name for p in parts_dir.iterdir())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", help="the peer, e.g. vllm==0.25.1")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--part-mib", type=int, default=58, help="size of one part (the call also carries the repo)")
+    ap.add_argument("--out", required=True, type=Path, help="where the wheels and resolved.json go")
     ap.add_argument("--skip", nargs="*", default=[], help="more package names not to download")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = image_packages() | {canonicalize_name(s) for s in args.skip}
     skipped: dict[str, set[str]] = {}
     wheels = resolve(args.spec, args.out, skip, skipped)
-    parts = split(args.out, wheels, args.part_mib)
     total = sum(w["bytes"] for w in wheels)
     asked = {name: sorted(s for s in specs if s) for name, specs in sorted(skipped.items())}
-    manifest = {"spec": args.spec, "wheels": wheels, "parts": parts, "total_bytes": total,
-                "taken_from_the_image": asked}
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    print(f"{len(wheels)} wheels, {total / 2**20:.0f} MiB, {len(parts)} parts of <= {args.part_mib} MiB")
+    resolved = {"spec": args.spec, "wheels": wheels, "total_bytes": total, "taken_from_the_image_or_skipped": asked}
+    (args.out / "resolved.json").write_text(json.dumps(resolved, indent=1))
+    print(f"{len(wheels)} wheels, {total / 2**20:.0f} MiB in {args.out}")
     return 0
 
 
