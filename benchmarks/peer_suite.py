@@ -108,7 +108,7 @@ def load_state(path: Path, want: dict) -> dict:
     if state.get("settings") != want:
         log(f"state {path}: from other settings, not merged")
         return {"settings": want, "runs": {}}
-    done = [f"{s}/{w}" for s, ws in state["runs"].items() for w in ws]
+    done = [f"{s}/{w}" for s, ws in state["runs"].items() for w in ws if w in WORKLOADS]
     log(f"state {path}: results of earlier calls on this warm machine: {', '.join(done) or 'none'}")
     return state
 
@@ -134,7 +134,14 @@ def run_worker(kind: str, plan: dict, log_dir: Path, timeout: float) -> dict:
     result_path.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, str(plan_path), str(result_path)]
-    proc = subprocess.run(cmd, env=env, timeout=timeout)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"worker {kind}: still running after {timeout:.0f} s, stopped")
+        gpu_serving.wait_group_gone(proc.pid, timeout=0)
+        proc.wait()
+    gpu_serving.wait_group_gone(proc.pid)  # helper processes left behind hold GPU memory the next one needs
     if proc.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"worker {kind} exited with {proc.returncode}")
     return json.loads(result_path.read_text())

@@ -148,6 +148,9 @@ class VllmSide:
         return [len(o.outputs[0].token_ids) for o in outs]
 
     def close(self) -> None:
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if hasattr(core, "shutdown"):  # the engine-core process holds the GPU memory
+            core.shutdown()
         del self.llm
 
     @staticmethod
