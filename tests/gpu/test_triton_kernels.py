@@ -144,6 +144,12 @@ def test_elementwise_kernels_match_reference(dtype, shape):
     want_normed, want_summed = reference.add_rms_norm(x, up, w, 1e-5)
     assert torch.equal(summed, want_summed)  # the residual stream is rounded exactly as x + up
     torch.testing.assert_close(normed, want_normed, **tol)
+    # Gemma's form: (1 + weight) applied in float32 before the one rounding.
+    torch.testing.assert_close(te.rms_norm(x, w, 1e-6, 1.0), reference.rms_norm(x, w, 1e-6, 1.0), **tol)
+    normed, summed = te.add_rms_norm(x, up, w, 1e-6, 1.0)
+    want_normed, want_summed = reference.add_rms_norm(x, up, w, 1e-6, 1.0)
+    assert torch.equal(summed, want_summed)
+    torch.testing.assert_close(normed, want_normed, **tol)
     torch.testing.assert_close(te.silu_and_mul(x, up), reference.silu_and_mul(x, up), **tol)
     q = torch.randn(T, hq, d, generator=g).to(DEVICE, dtype)
     k = torch.randn(T, hk, d, generator=g).to(DEVICE, dtype)

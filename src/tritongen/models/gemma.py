@@ -37,8 +37,8 @@ class GemmaDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
         h = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        x = x + self.post_attention_layernorm(h)
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        h, x = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(h), x)
+        return x + self.post_feedforward_layernorm(self.mlp(h))
 
 
 class GemmaModel(nn.Module):

@@ -92,13 +92,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return torch.addmm(bias, x, weight.t(), out=out)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _impl(x).rms_norm(x, weight, eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """Llama's RMSNorm; `offset` (Gemma: 1.0) scales by (offset + weight) in float32 (reference.rms_norm)."""
+    return _impl(x).rms_norm(x, weight, eps, offset)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _impl(x).add_rms_norm(x, residual, weight, eps)
+    return _impl(x).add_rms_norm(x, residual, weight, eps, offset)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

@@ -17,20 +17,23 @@ if TYPE_CHECKING:
     from tritongen.ops.attention_metadata import AttentionMetadata
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm: normalize in float32, cast back to x's dtype, then scale by weight."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """HF LlamaRMSNorm: normalize in float32, cast back to x's dtype, then scale by weight. With
+    `offset` (Gemma: 1.0) HF's GemmaRMSNorm instead: scale by (offset + weight) in float32, then cast."""
     dtype = x.dtype
     h = x.to(torch.float32)
     variance = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(variance + eps)
+    if offset:
+        return (h * (offset + weight.float())).to(dtype)
     return weight * h.to(dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add before a norm, fused: s = x + residual (in x's dtype); (rms_norm(s), s)."""
     s = x + residual
-    return rms_norm(s, weight, eps), s
+    return rms_norm(s, weight, eps, offset), s
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

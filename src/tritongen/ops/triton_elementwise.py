@@ -17,30 +17,39 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, BLOCK: tl.constexpr):
+def _scale(x, rstd, W, cols, ok, offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.constexpr):
+    """Llama: cast the normalized row to the output dtype, then scale by the weight; OFFSET
+    (Gemma): scale by (offset + weight) in float32, one rounding at the end."""
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    if OFFSET:
+        return ((x * rstd) * (offset + w)).to(OUT_DTYPE)
+    return (w * (x * rstd).to(OUT_DTYPE).to(tl.float32)).to(OUT_DTYPE)
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, offset, BLOCK: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-    h = (x * rstd).to(Y.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + row * stride_y + cols, _scale(x, rstd, W, cols, ok, offset, Y.dtype.element_ty, OFFSET), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     y = torch.empty_like(x2)
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), x2.shape[1], eps,
-                                         BLOCK=triton.next_power_of_2(x2.shape[1]))
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), x2.shape[1], eps, offset,
+                                         BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset))
     return y.view(x.shape)
 
 
 @triton.jit
-def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, offset, BLOCK: tl.constexpr,
+                         OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -50,12 +59,10 @@ def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, BLOCK: tl.co
     tl.store(S + row * N + cols, s, mask=ok)
     s = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, 0) / N + eps)
-    h = (s * rstd).to(Y.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + row * N + cols, (w * h).to(Y.dtype.element_ty), mask=ok)
+    tl.store(Y + row * N + cols, _scale(s, rstd, W, cols, ok, offset, Y.dtype.element_ty, OFFSET), mask=ok)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass: one launch instead of two."""
     x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
@@ -67,7 +74,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     s = torch.empty_like(y)
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), x2.shape[1], eps,
-                                             BLOCK=triton.next_power_of_2(x2.shape[1]))
+                                             offset, BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset))
     return y.view(x.shape), s.view(x.shape)
 
 
