@@ -129,7 +129,8 @@ def refusal(est: MemoryEstimate, available: int, *, model: str, dtype: str, on_g
         lines.append(f"The weights and activations leave {_gib(room)} for the KV cache: "
                      f"--kv-cache-memory-gb {max(room / GiB * 0.9, 0.01):.2f} (or a smaller --num-blocks) fits.")
     lines.append("Flags that help: --dtype (2 bytes per weight instead of 4), --num-blocks / --kv-cache-memory-gb "
-                 "/ --kv-cache-dtype fp8 (KV cache), --max-num-batched-tokens / --max-num-seqs (activations), --max-model-len"
+                 "/ --kv-cache-dtype fp8 (KV cache), --max-num-batched-tokens / --max-num-seqs (activations), "
+                 "--max-model-len"
                  + (", --gpu-memory-utilization, --tensor-parallel-size" if on_gpu else "")
                  + "; or a smaller model (`tritongen presets` lists the dummy ones with their sizes).")
     return "\n".join(lines)
@@ -154,7 +155,10 @@ def available_memory(device, gpu_memory_utilization: float) -> Optional[int]:
 
     free, total = torch.cuda.mem_get_info(device)
     # The runner's budget before any tensor of ours exists: total * utilization - (used by others).
-    return int(free - total * (1 - gpu_memory_utilization))
+    # Memory this process's caching allocator holds but no tensor uses (an engine closed earlier in
+    # the same process) is ours to reuse: the driver counts it as taken.
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + cached - total * (1 - gpu_memory_utilization))
 
 
 def check_memory(config: EngineConfig, model_path: str, available: Optional[int] = None) -> None:

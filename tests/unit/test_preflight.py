@@ -70,3 +70,19 @@ def test_engine_construction_runs_the_check(monkeypatch):
     monkeypatch.setattr(preflight, "read_mem_available", lambda: 1 * GiB)
     with pytest.raises(InsufficientMemoryError, match="refusing to load"):
         LLM("dummy:tiny-llama", device="cpu", kv_cache_memory_gb=3)
+
+
+def test_gpu_budget_counts_the_allocators_cached_memory_as_ours(monkeypatch):
+    """An engine closed earlier in the same process leaves its memory in torch's caching allocator:
+    the driver reports it as used, but the next engine reuses it (without this, every engine after
+    the first in a process was refused on the H200)."""
+    import torch
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * gib, 100 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 85 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 5 * gib)
+    # free 10 + cached 80 - the 10 % kept back = 80 GiB.
+    assert preflight.available_memory(torch.device("cuda", 0), 0.9) == 80 * gib
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 85 * gib)
+    assert preflight.available_memory(torch.device("cuda", 0), 0.9) == 0  # a live engine's memory is not
