@@ -56,8 +56,9 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
-                             + (" (only the e4m3 FP8 format is supported)" if "e5m2" in str(self.kv_cache_dtype) else ""))
+            hint = " (only the e4m3 FP8 format is supported)" if "e5m2" in str(self.kv_cache_dtype) else ""
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}{hint}")
 
     @property
     def fp8_kv_cache(self) -> bool:

@@ -18,6 +18,10 @@ program of each (sequence, KV head) combines the splits' partial softmax states 
 scratch, counted in as triton_gemv's split-K does. Decode batches large enough to fill the GPU
 unsplit take the KV write and the prefill kernel instead.
 
+An fp8 cache (float8 e4m3, ops/attention_metadata.py) is a constexpr FP8 flag of every kernel:
+the writes store x / scale quantized, the attention dequantizes each K/V tile in float32 as it
+loads it (ops/triton_kv_fp8.py); the per-layer scales are kernel scalars.
+
 Everything here takes device tensors only (no host lists), so decode steps can be captured in
 CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
 TRITON_INTERPRET=1 these kernels also run (slowly) on the CPU, which is how they are tested
@@ -31,29 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.attention_metadata import AttentionMetadata, inverse_scale, is_fp8_cache, kv_cache_scales
+from tritongen.ops.attention_metadata import AttentionMetadata, is_fp8_cache, kv_cache_scales
 from tritongen.ops.triton_elementwise import rope_row, rotate_heads
 from tritongen.ops.triton_gemv import split_workspace
-
-
-@triton.jit
-def _to_cache(x, inv_scale, FP8: tl.constexpr):
-    """A K or V value as the cache stores it: itself (the cache is in its dtype), or with FP8
-    x / scale in float32 (times the reciprocal), clamped to +-448, rounded to nearest even: the
-    arithmetic of reference.quantize_kv."""
-    if FP8:
-        y = x.to(tl.float32) * inv_scale
-        x = tl.minimum(tl.maximum(y, -448.0), 448.0).to(tl.float8e4nv)
-    return x
-
-
-@triton.jit
-def _from_cache(x, scale, dtype: tl.constexpr, FP8: tl.constexpr):
-    """A tile loaded from the cache as the attention takes it: itself, or with FP8 stored * scale in
-    float32, then in `dtype` (the queries') for tl.dot."""
-    if FP8:
-        x = (x.to(tl.float32) * scale).to(dtype)
-    return x
+from tritongen.ops.triton_kv_fp8 import from_cache, inverse_scales, rotate_keys_into_cache, to_cache
 
 
 @triton.jit
@@ -68,14 +53,8 @@ def _write_kv_kernel(K, V, KC, VC, SLOTS, k_inv, v_inv, stride_kt, stride_kh, st
         ok = (d < HEAD_DIM) & (h < NUM_HEADS)
         dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
         # k and v may have different strides (v can be a view into a fused qkv output).
-        tl.store(KC + dst, _to_cache(tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), k_inv, FP8), mask=ok)
-        tl.store(VC + dst, _to_cache(tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), v_inv, FP8), mask=ok)
-
-
-def _inverse_scales(kv_cache: torch.Tensor) -> tuple[float, float]:
-    """(1 / k_scale, 1 / v_scale) in float32: what the write kernels multiply by."""
-    k_scale, v_scale = kv_cache_scales(kv_cache)
-    return inverse_scale(k_scale), inverse_scale(v_scale)
+        tl.store(KC + dst, to_cache(tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), k_inv, FP8), mask=ok)
+        tl.store(VC + dst, to_cache(tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), v_inv, FP8), mask=ok)
 
 
 def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -83,27 +62,10 @@ def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tens
     if T == 0:
         return
     kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
-    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, *_inverse_scales(kv_cache), k.stride(0), k.stride(1),
+    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, *inverse_scales(kv_cache), k.stride(0), k.stride(1),
                            v.stride(0), v.stride(1), kc.stride(1), kc.stride(2),
                            NUM_HEADS=H, BLOCK_H=triton.next_power_of_2(H), HEAD_DIM=D,
                            BLOCK_D=triton.next_power_of_2(D), FP8=is_fp8_cache(kv_cache))
-
-
-@triton.jit
-def _rotate_keys_into_cache(X, O, cos, sin, sh_x, sh_o, h, d, inv_scale, H: tl.constexpr, HALF: tl.constexpr,
-                            FP8: tl.constexpr):
-    """rotate_heads (triton_elementwise) of keys into the cache. With FP8 each rotated element is
-    rounded to the keys' dtype as rotate_heads rounds it, then quantized (_to_cache): the cache
-    holds quantize(rotary(k)), as the reference's rotary followed by its KV write stores."""
-    if FP8:
-        ok = (h < H) & (d < HALF)
-        x1 = tl.load(X + h * sh_x + d, mask=ok, other=0.0).to(tl.float32)
-        x2 = tl.load(X + h * sh_x + HALF + d, mask=ok, other=0.0).to(tl.float32)
-        dtype = X.dtype.element_ty
-        tl.store(O + h * sh_o + d, _to_cache((x1 * cos - x2 * sin).to(dtype), inv_scale, FP8), mask=ok)
-        tl.store(O + h * sh_o + HALF + d, _to_cache((x2 * cos + x1 * sin).to(dtype), inv_scale, FP8), mask=ok)
-    else:
-        rotate_heads(X, O, cos, sin, sh_x, sh_o, h, d, H, HALF)
 
 
 @triton.jit
@@ -118,12 +80,12 @@ def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, k_inv, v_inv, 
     slot = tl.load(SLOTS + t)
     if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
         dst = slot.to(tl.int64) * stride_cs
-        _rotate_keys_into_cache(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, k_inv, HK, HALF,
+        rotate_keys_into_cache(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, k_inv, HK, HALF,
                                 FP8)
         ok = (h < HK) & (d < HALF)
         for half in tl.static_range(2):
             src = V + t * stride_vt + h * stride_vh + half * HALF + d
-            tl.store(VC + dst + h * stride_ch + half * HALF + d, _to_cache(tl.load(src, mask=ok), v_inv, FP8),
+            tl.store(VC + dst + h * stride_ch + half * HALF + d, to_cache(tl.load(src, mask=ok), v_inv, FP8),
                      mask=ok)
 
 
@@ -139,7 +101,7 @@ def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, co
         cos, sin = cos.contiguous(), sin.contiguous()
         kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
         _rotary_write_kv_kernel[(T,)](
-            q, k, v, cos, sin, qo, kc, vc, slot_mapping, *_inverse_scales(kv_cache), q.stride(0), q.stride(1),
+            q, k, v, cos, sin, qo, kc, vc, slot_mapping, *inverse_scales(kv_cache), q.stride(0), q.stride(1),
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), kc.stride(1), kc.stride(2),
             HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=d // 2,
             BLOCK_HALF=triton.next_power_of_2(d // 2), FP8=is_fp8_cache(kv_cache))
@@ -168,7 +130,7 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
     blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
     off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
     kv_mask = n_ok[:, None] & d_ok[None, :]
-    k = _from_cache(tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, q.dtype, FP8)
+    k = from_cache(tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, q.dtype, FP8)
     if IEEE:
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     else:
@@ -188,7 +150,7 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _from_cache(tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, q.dtype, FP8)
+    v = from_cache(tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, q.dtype, FP8)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
@@ -316,15 +278,15 @@ def _write_new_kv(K, V, COS, SIN, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt,
                   stride_cos, stride_cs, stride_ch, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                   FP8: tl.constexpr):
     """Token t's key for KV head kvh rotated, and its value, stored at cache slot `slot`: the code
-    _rotary_write_kv_kernel runs (rope_row, _rotate_keys_into_cache) for one head, so the cache gets
+    _rotary_write_kv_kernel runs (rope_row, rotate_keys_into_cache) for one head, so the cache gets
     the same bits."""
     h, d, cos, sin = rope_row(COS, SIN, t, stride_cos, 1, HALF, BLOCK_HALF)
     dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch
-    _rotate_keys_into_cache(K + t.to(tl.int64) * stride_kt + kvh * stride_kh, KC + dst, cos, sin, stride_kh,
+    rotate_keys_into_cache(K + t.to(tl.int64) * stride_kt + kvh * stride_kh, KC + dst, cos, sin, stride_kh,
                             stride_ch, h, d, k_inv, 1, HALF, FP8)
     for half in tl.static_range(2):
         src = V + t.to(tl.int64) * stride_vt + kvh * stride_vh + half * HALF + d
-        tl.store(VC + dst + half * HALF + d, _to_cache(tl.load(src, mask=d < HALF), v_inv, FP8), mask=d < HALF)
+        tl.store(VC + dst + half * HALF + d, to_cache(tl.load(src, mask=d < HALF), v_inv, FP8), mask=d < HALF)
 
 
 @triton.jit
@@ -336,8 +298,8 @@ def _copy_new_kv(K, V, KC, VC, slot, t, kvh, k_inv, v_inv, stride_kt, stride_kh,
     ok = d < HEAD_DIM
     dst = slot.to(tl.int64) * stride_cs + kvh * stride_ch + d
     k = tl.load(K + t.to(tl.int64) * stride_kt + kvh * stride_kh + d, mask=ok)
-    tl.store(KC + dst, _to_cache(k, k_inv, FP8), mask=ok)
-    tl.store(VC + dst, _to_cache(tl.load(V + t.to(tl.int64) * stride_vt + kvh * stride_vh + d, mask=ok), v_inv, FP8),
+    tl.store(KC + dst, to_cache(k, k_inv, FP8), mask=ok)
+    tl.store(VC + dst, to_cache(tl.load(V + t.to(tl.int64) * stride_vt + kvh * stride_vh + d, mask=ok), v_inv, FP8),
              mask=ok)
 
 
@@ -457,7 +419,8 @@ def _split_decode(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.
     _decode_attn_kernel[(num_seqs, num_kv_heads, splits)](
         q, k, v, cos, sin, kc, vc, out, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc,
         alibi_slopes, part_m, part_l, part_acc, counts, scale, sliding_window or 0, float(logit_softcap or 1.0),
-        *kv_cache_scales(kv_cache), *_inverse_scales(kv_cache), q.stride(0), q.stride(1), _stride(k, 0), _stride(k, 1), _stride(v, 0), _stride(v, 1), _stride(cos, 0),
+        *kv_cache_scales(kv_cache), *inverse_scales(kv_cache),
+        q.stride(0), q.stride(1), _stride(k, 0), _stride(k, 1), _stride(v, 0), _stride(v, 1), _stride(cos, 0),
         out.stride(0), out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), meta.block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size,
