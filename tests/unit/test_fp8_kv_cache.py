@@ -51,6 +51,21 @@ def test_the_option_is_validated_and_reaches_every_front() -> None:
     assert engine_kwargs_from_config(params) == {"kv_cache_dtype": "fp8"}
 
 
+def test_fp8_is_refused_where_the_triton_kernels_cannot_convert(monkeypatch) -> None:
+    from tritongen.runner.kv_cache import resolve_kv_cache_dtype
+
+    fp8, cuda = CacheConfig(kv_cache_dtype="fp8"), torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match="compute capability 8.9 or later.*NVIDIA A100 is 8.0.*'auto'"):
+        resolve_kv_cache_dtype(fp8, torch.bfloat16, cuda, "triton")
+    assert resolve_kv_cache_dtype(fp8, torch.bfloat16, cuda, "reference") == FP8_KV_DTYPE
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert resolve_kv_cache_dtype(fp8, torch.bfloat16, cuda, "triton") == FP8_KV_DTYPE
+    assert resolve_kv_cache_dtype(CacheConfig(), torch.bfloat16, cuda, "triton") == torch.bfloat16
+    assert resolve_kv_cache_dtype(fp8, torch.float32, torch.device("cpu"), "reference") == FP8_KV_DTYPE
+
+
 def test_reference_write_quantizes_with_the_layer_scales_and_reads_back_dequantized() -> None:
     g = torch.Generator().manual_seed(0)
     kv = torch.zeros(2, 4, 4, 2, 8, dtype=FP8_KV_DTYPE)

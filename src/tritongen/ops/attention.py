@@ -1,6 +1,7 @@
 """Paged attention: dispatch to an implementation, per step's metadata.
 
-KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V);
+KV cache of one layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (index 0 = K, 1 = V), in
+the model dtype or float8 e4m3 with the layer's scales (attention_metadata.py says how it is read);
 AttentionMetadata (ops/attention_metadata.py, re-exported here) says where each sequence's tokens
 and blocks are, and which backend CUDA tensors take (`meta.backend`, the engine's choice).
 
