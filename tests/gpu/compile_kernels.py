@@ -33,7 +33,7 @@ from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = {"eps", "scale", "softcap"}
+FLOAT_ARGS = {"eps", "scale", "softcap", "k_scale", "v_scale", "k_inv", "v_inv"}
 INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
@@ -41,6 +41,9 @@ SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_ker
          "_fp8_weight_gemm": {"M", "N", "K"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"}}
+# per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
+FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
+                      "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART", "SLOPES"}  # rope, split scratch, ALiBi
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
@@ -55,6 +58,8 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
         name = p.name
         if p.is_constexpr:
             sig[name] = "constexpr"
+        elif constexprs.get("FP8") and name in FP8_CACHE_POINTERS.get(kernel.fn.__name__, ()):
+            sig[name] = "*fp8e4nv"
         elif name in POINTER_TYPES.get(kernel.fn.__name__, {}):
             sig[name] = POINTER_TYPES[kernel.fn.__name__][name]
         elif name in INT_ARGS or name in SIZES.get(kernel.fn.__name__, ()):
@@ -79,11 +84,12 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
 
 
 def _attention_configs(dtype: str, hq: int, hk: int, d: int, window: bool = False, alibi: bool = False,
-                       softcap: bool = False) -> list[tuple]:
+                       softcap: bool = False, fp8: bool = False) -> list[tuple]:
     """The prefill kernel's decode and prefill tiles and the fused decode kernel at the most splits
-    (RoPE families rotate and write; ALiBi ones write without rotary, or only read the cache)."""
+    (RoPE families rotate and write; ALiBi ones write without rotary, or only read the cache);
+    with `fp8`, over a float8 e4m3 KV cache."""
     out, group = [], hq // hk
-    terms = dict(ALIBI=alibi, SOFTCAP=softcap, IEEE=dtype == "fp32")
+    terms = dict(ALIBI=alibi, SOFTCAP=softcap, IEEE=dtype == "fp32", FP8=fp8)
     for use_window in (False, True) if window else (False,):
         for block_m in (max(16, triton.next_power_of_2(group)), 64):  # decode, prefill tiles
             out.append((ta._paged_attn_kernel, dtype, dict(
@@ -106,12 +112,14 @@ def configs() -> list[tuple]:
             bh, half = triton.next_power_of_2(max(hq, hk)), d // 2
             rope = dict(HQ=hq, HK=hk, BLOCK_H=bh, HALF=half, BLOCK_HALF=triton.next_power_of_2(half))
             out.append((te._rotary_kernel, dtype, rope))
-            out.append((ta._rotary_write_kv_kernel, dtype, rope))
-            out.append((ta._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
-                                                         HEAD_DIM=d, BLOCK_D=d)))
-            out += _attention_configs(dtype, hq, hk, d, window=(hq, hk) == (32, 8))
+            for fp8 in (False, True) if (hq, hk) == (32, 8) else (False,):  # fp8 KV cache: Llama-3-8B
+                out.append((ta._rotary_write_kv_kernel, dtype, dict(rope, FP8=fp8)))
+                out.append((ta._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
+                                                             HEAD_DIM=d, BLOCK_D=d, FP8=fp8)))
+                out += _attention_configs(dtype, hq, hk, d, window=(hq, hk) == (32, 8), fp8=fp8)
         if dtype == "bf16":
-            out += _attention_configs(dtype, 32, 32, 128, alibi=True)  # Bloom-7B1
+            for fp8 in (False, True):
+                out += _attention_configs(dtype, 32, 32, 128, alibi=True, fp8=fp8)  # Bloom-7B1
             out += _attention_configs(dtype, 16, 8, 256, softcap=True)  # Gemma-2-9B
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
