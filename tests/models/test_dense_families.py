@@ -215,11 +215,9 @@ def test_baichuan_variants_from_hub_configs() -> None:
 
 # -- refusals ---------------------------------------------------------------------------------------
 
-def test_tensor_parallel_refuses_the_dense_families() -> None:
-    for preset in DENSE_PRESETS:
-        with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only"):
-            validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
-        validate_tensor_parallel(read_arch(f"dummy:{preset}"), 1)
+def test_tensor_parallel_accepts_the_tiny_dense_families() -> None:
+    for preset in ("tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2", "tiny-gemma3", "tiny-phi3"):
+        validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)  # TP=2 parity: tests/parallel/test_tp_families.py
 
 
 @pytest.mark.parametrize("preset, change, message", [

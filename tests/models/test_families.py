@@ -100,11 +100,9 @@ def test_gpt2_hub_layout_checkpoint_loads(tmp_path: Path) -> None:
         assert torch.equal(tensor, hf_state[name]), name
 
 
-def test_tensor_parallel_refuses_non_llama_families() -> None:
-    for preset in ("tiny-gpt2", "tiny-bloom"):
-        with pytest.raises(ValueError, match="tensor parallelism supports the Llama family only for now"):
-            validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
-    validate_tensor_parallel(read_arch("dummy:tiny-gpt2"), 1)
+def test_tensor_parallel_accepts_gpt2_and_bloom() -> None:
+    for preset in ("tiny-gpt2", "tiny-bloom"):  # TP=2 parity: tests/parallel/test_tp_families.py
+        validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
     validate_tensor_parallel(read_arch("dummy:tiny-qwen3"), 2)  # Llama family: sharded (tests/parallel)
 
 

@@ -183,12 +183,9 @@ def test_a_checkpoint_missing_an_expert_is_refused(family, tmp_path: Path) -> No
         load_model(str(tmp_path), torch.float32, torch.device("cpu"))
 
 
-def test_tensor_parallelism_is_refused_for_moe() -> None:
-    for preset in FAMILIES.values():
-        arch = read_arch(f"dummy:{preset}")
-        with pytest.raises(ValueError, match=arch.architecture):
-            validate_tensor_parallel(arch, 2)
-        validate_tensor_parallel(arch, 1)
+def test_tensor_parallelism_accepts_moe() -> None:
+    for preset in FAMILIES.values():  # experts split per rank: tests/parallel/test_tp_families.py
+        validate_tensor_parallel(read_arch(f"dummy:{preset}"), 2)
 
 
 @pytest.mark.parametrize("change, message", [

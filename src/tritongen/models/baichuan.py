@@ -33,15 +33,21 @@ class BaichuanAttention(LlamaAttention):
     def __init__(self, arch: ModelArch, layer_idx: int) -> None:
         super().__init__(arch, layer_idx)
         alibi = arch.position_encoding == "alibi"
-        self.register_buffer("alibi_slopes", reference.alibi_slopes(self.num_heads) if alibi else None,
-                             persistent=False)
+        self.alibi_heads = slice(0, self.num_heads) if alibi else None
+        """The model's heads whose ALiBi slopes `alibi_slopes` holds (tensor parallelism: a rank's)."""
+        self._model_heads = arch.num_attention_heads
+        self.register_buffer("alibi_slopes", self._slopes() if alibi else None, persistent=False)
+
+    def _slopes(self) -> torch.Tensor:
+        # A head's slope depends on its index among all the model's heads.
+        return reference.alibi_slopes(self._model_heads)[self.alibi_heads]
 
     def reset_buffers(self) -> None:
         # float32 whatever the model dtype; computed on the CPU, then moved.
         if self.alibi_slopes is not None:
             device = self.alibi_slopes.device
             device = torch.device("cpu") if device.type == "meta" else device
-            self.alibi_slopes = reference.alibi_slopes(self.num_heads).to(device)
+            self.alibi_slopes = self._slopes().to(device)
 
     def forward(self, x: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
                 kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:

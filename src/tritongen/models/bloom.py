@@ -66,11 +66,14 @@ class BloomModel(nn.Module):
     def __init__(self, arch: ModelArch) -> None:
         super().__init__()
         self.num_heads = arch.num_attention_heads
+        self.alibi_heads = slice(0, self.num_heads)
+        """The model's heads whose ALiBi slopes `alibi_slopes` holds (tensor parallelism: a rank's)."""
         self.word_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.word_embeddings_layernorm = LayerNorm(arch.hidden_size, arch.norm_eps)
         self.h = nn.ModuleList(BloomBlock(arch) for _ in range(arch.num_hidden_layers))
         self.ln_f = LayerNorm(arch.hidden_size, arch.norm_eps)
-        self.register_buffer("alibi_slopes", reference.alibi_slopes(self.num_heads), persistent=False)
+        self.register_buffer("alibi_slopes", reference.alibi_slopes(self.num_heads)[self.alibi_heads],
+                             persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
@@ -99,7 +102,8 @@ class BloomForCausalLM(nn.Module):
         # The slopes must stay float32 whatever the model dtype (like HF, which builds them so).
         device = self.transformer.alibi_slopes.device
         device = torch.device("cpu") if device.type == "meta" else device
-        self.transformer.alibi_slopes = reference.alibi_slopes(self.arch.num_attention_heads).to(device)
+        slopes = reference.alibi_slopes(self.arch.num_attention_heads)[self.transformer.alibi_heads]
+        self.transformer.alibi_slopes = slopes.to(device)
 
     def fuse_projections(self) -> None:
         pass  # query_key_value is already one GEMM; the MLP has no gate
@@ -112,7 +116,8 @@ class BloomForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, self.arch.num_attention_heads, self.arch.head_dim)
+        # The attention modules' head count, not arch's: tensor parallelism shards it per rank.
+        return (2, num_blocks, block_size, self.transformer.h[0].self_attention.num_heads, self.arch.head_dim)
 
     def checkpoint_tensors(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
         if not name.startswith(("transformer.", "lm_head.")):

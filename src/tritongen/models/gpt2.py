@@ -121,7 +121,8 @@ class GPT2LMHeadModel(nn.Module):
         return self.lm_head(hidden).float()
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, self.arch.num_attention_heads, self.arch.head_dim)
+        # The attention modules' head count, not arch's: tensor parallelism shards it per rank.
+        return (2, num_blocks, block_size, self.transformer.h[0].attn.num_heads, self.arch.head_dim)
 
     def checkpoint_tensors(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
         if name.endswith(_SKIPPED):

@@ -57,5 +57,5 @@ class CausalLM(Protocol):
         """This model's weights under the HF class's names and layouts (for the HF twin)."""
 
     # nn.Module provides the rest that callers use: named_parameters, state_dict, eval, to.
-    # Tensor parallelism is not part of the interface: parallel/tensor_parallel.py shards the
-    # Llama family's modules (arch.LLAMA_FAMILY) and refuses the other families.
+    # Tensor parallelism is not part of the interface: parallel/tensor_parallel.py shards each
+    # family's modules by its entry in parallel/tp_plans.py PLANS.

@@ -98,8 +98,10 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def checkpoint_tensors(self, name: str, tensor: Any) -> Iterator[tuple[str, Any]]:
         base, _, kind = name.rpartition(".")
         if base.endswith(_QKV):
-            attn = self.model.layers[0].self_attn
-            parts = zip(("q_proj", "k_proj", "v_proj"), _full(tensor).split(list(attn.sizes)))
+            # The checkpoint's sizes (arch's): a tensor-parallel rank's attention has fewer heads.
+            a = self.arch
+            sizes = [a.num_attention_heads * a.head_dim] + [a.num_key_value_heads * a.head_dim] * 2
+            parts = zip(("q_proj", "k_proj", "v_proj"), _full(tensor).split(sizes))
             prefix = base[: -len("qkv_proj")]
         elif base.endswith(_GATE_UP):
             parts = zip(("gate_proj", "up_proj"), _full(tensor).chunk(2))

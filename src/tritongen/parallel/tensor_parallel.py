@@ -1,97 +1,63 @@
-"""Megatron-style tensor parallelism for the Llama family.
+"""Megatron-style tensor parallelism for every family the engine serves (parallel.tp_plans).
 
-Per decoder layer this costs two all_reduces of [T, hidden] (after o_proj and after down_proj):
-- q/k/v and gate/up are column-parallel: each rank keeps whole heads / a slice of the intermediate
-  features, so attention and SiLU·mul run locally without communication.
-- o_proj and down_proj are row-parallel: each rank multiplies its input slice, the partial sums are
-  all_reduced, and the bias (replicated) is added once after the reduce.
-- embed_tokens is vocab-parallel (ids outside the rank's slice embed to zeros; all_reduce) and
-  lm_head is vocab-parallel (each rank computes its logits slice; all_gather), so compute_logits
-  returns the full [N, vocab] on every rank.
+Per decoder layer this costs two all_reduces of [T, hidden] (after the attention's output
+projection and after the MLP, or after an MoE block's expert sum):
+- q/k/v (or a fused per-head qkv) and the MLP's input projections are column-parallel: each rank
+  keeps whole heads / a slice of the intermediate features, so attention (with the ALiBi slopes of
+  the rank's own heads) and the activation run locally without communication;
+- the output projections are row-parallel: each rank multiplies its input slice, the partial sums
+  are all_reduced, and the bias (replicated) is added once after the reduce;
+- an MoE block keeps every expert with a slice of its intermediate features and the router whole;
+- the token embedding is vocab-parallel (ids outside the rank's slice embed to zeros; all_reduce)
+  and so is lm_head (each rank computes its logits slice; all_gather), so compute_logits returns
+  the full [N, vocab] on every rank, softcapped or not.
 
 GQA with fewer KV heads than ranks replicates KV heads: each rank keeps the one KV head its query
 heads read, so every rank has kv_heads_per_rank(arch, world_size) >= 1 heads in its KV cache.
 
 Two halves, so a rank never holds the full weights: `shard_modules` swaps in modules of the rank's
 shapes (on the meta device, before allocation), and `ShardSpec`s (`shard_specs`) say which slice of
-each full HF-named checkpoint tensor a rank keeps; the loader slices as it reads. `shard_model` does
-both to a model whose full weights are already loaded, and `model_split` hands both to the loader
-(models.loader.ModelSplit), which builds a rank's part directly. Shard before fuse_projections(): fusing
-stacks the per-rank slices, and the state dict of a sharded model holds each rank's slices under
-the HF names.
+each full tensor a rank keeps, by the model's parameter names (what checkpoint_tensors yields); the
+loader slices as it reads. `shard_model` does both to a model whose full weights are already loaded,
+and `model_split` hands both to the loader (models.loader.ModelSplit), which builds a rank's part
+directly. Shard before fuse_projections(): fusing stacks the per-rank slices, and the state dict of a
+sharded model holds each rank's slices under the unfused names.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from tritongen.config import ParallelConfig
-from tritongen.models.arch import LLAMA_FAMILY, ModelArch
-from tritongen.models.llama import Linear, LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
+from tritongen.models.arch import ModelArch
+from tritongen.models.llama import Linear
 from tritongen.models.loader import ModelSplit
-from tritongen.ops import kernels
-from tritongen.parallel.symmetric import SymmetricAllReduce
+from tritongen.models.moe import SparseMoeBlock
+from tritongen.parallel.tp_layers import (
+    ParallelLMHead,
+    ParallelSparseMoeBlock,
+    ReducingRMSNorm,
+    RowParallelLinear,
+    Shard,
+    VocabParallelEmbedding,
+)
+from tritongen.parallel.tp_plans import (
+    EXPERT,
+    PLANS,
+    Q,
+    VOCAB,
+    TPPlan,
+    feature_slices,
+    kv_heads_per_rank,
+    validate_tensor_parallel,
+)
 
-
-def validate_tensor_parallel(arch: ModelArch, world_size: int) -> None:
-    """ValueError if `arch` cannot be split over `world_size` ranks (whole heads per rank, a family
-    whose modules the sharding below knows)."""
-    heads, kv_heads = arch.num_attention_heads, arch.num_key_value_heads
-    if world_size < 1:
-        raise ValueError(f"tensor parallel world_size must be >= 1, got {world_size}")
-    if world_size > 1 and arch.architecture not in LLAMA_FAMILY:
-        raise ValueError(f"tensor parallelism supports the Llama family only for now "
-                         f"({', '.join(LLAMA_FAMILY)}), not {arch.architecture}; use tensor_parallel_size 1")
-    if world_size > heads:
-        raise ValueError(f"tensor parallel world_size {world_size} is larger than num_attention_heads "
-                         f"{heads}: every rank needs at least one whole query head")
-    if heads % world_size:
-        raise ValueError(f"num_attention_heads {heads} is not divisible by tensor parallel world_size "
-                         f"{world_size}")
-    if kv_heads >= world_size and kv_heads % world_size:
-        raise ValueError(f"num_key_value_heads {kv_heads} is not divisible by tensor parallel world_size "
-                         f"{world_size}")
-    if kv_heads < world_size and world_size % kv_heads:
-        raise ValueError(f"tensor parallel world_size {world_size} is not a multiple of num_key_value_heads "
-                         f"{kv_heads}: KV heads can only be replicated a whole number of times")
-    if arch.intermediate_size % world_size:
-        raise ValueError(f"intermediate_size {arch.intermediate_size} is not divisible by tensor parallel "
-                         f"world_size {world_size}")
-
-
-def kv_heads_per_rank(arch: ModelArch, world_size: int) -> int:
-    """KV heads in each rank's cache: a slice of them, or one replicated head when they are fewer
-    than the ranks."""
-    validate_tensor_parallel(arch, world_size)
-    return max(1, arch.num_key_value_heads // world_size)
-
-
-class Shard:
-    """Where this rank sits: rank, world_size and the process group of its collectives, and the
-    engine's ParallelConfig (which all-reduce kernels it may use, how long it waits for peers)."""
-
-    def __init__(self, rank: int, world_size: int, group: Optional[dist.ProcessGroup] = None,
-                 config: ParallelConfig = ParallelConfig()) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside [0, {world_size})")
-        self.rank, self.world_size, self.group, self.config = rank, world_size, group, config
-        self.symmetric: Optional[SymmetricAllReduce] = None
-        """Set on CUDA (ModelRunner): row-parallel layers then reduce decode-sized outputs through it."""
-
-    @property
-    def custom_all_reduce(self) -> bool:
-        """False: NCCL for every all-reduce (ParallelConfig.disable_custom_all_reduce)."""
-        return not self.config.disable_custom_all_reduce
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(x, group=self.group)
-        return x
+__all__ = ["Shard", "ShardSpec", "kv_heads_per_rank", "model_split", "shard_model", "shard_modules",
+           "shard_specs", "validate_tensor_parallel"]
 
 
 # -- which slice of each full tensor a rank keeps ---------------------------------------------------
@@ -104,68 +70,122 @@ class ShardSpec:
     dim: int
     start: int
     size: int
+    chunks: int = 1
+    """The dimension stacks this many equal parts (an MoE expert's gate rows, then its up rows):
+    the slice is taken from each part, and the rank's parts are stacked the same way."""
 
     def take(self, full: Any) -> torch.Tensor:
         """This rank's slice of `full`: a tensor, or a lazy safetensors slice (reads only the slice)."""
         shape = list(full.shape) if isinstance(full, torch.Tensor) else list(full.get_shape())
-        stop = min(self.start + self.size, shape[self.dim])
+        part = shape[self.dim] // self.chunks
+        pieces = [self._take(full, shape, c * part + self.start, (c + 1) * part) for c in range(self.chunks)]
+        return pieces[0] if self.chunks == 1 else torch.cat(pieces, dim=self.dim)
+
+    def _take(self, full: Any, shape: list[int], start: int, end: int) -> torch.Tensor:
+        stop = min(start + self.size, end)
         index = [slice(None)] * len(shape)
-        index[self.dim] = slice(self.start, stop)
-        part = full[tuple(index)]
-        if stop - self.start == self.size:
-            return part
-        shape[self.dim] = self.size
-        out = part.new_zeros(shape)
-        out.narrow(self.dim, 0, stop - self.start).copy_(part)
+        index[self.dim] = slice(start, stop)
+        got = full[tuple(index)]
+        if stop - start == self.size:
+            return got
+        padded = list(shape)
+        padded[self.dim] = self.size
+        out = got.new_zeros(padded)
+        out.narrow(self.dim, 0, stop - start).copy_(got)
         return out
 
 
-def _vocab_slice(vocab_size: int, rank: int, world_size: int) -> tuple[int, int]:
-    """(start, padded per-rank size) of this rank's vocabulary slice."""
-    per_rank = -(-vocab_size // world_size)
-    return rank * per_rank, per_rank
+def _plan(arch: ModelArch, world_size: int) -> TPPlan:
+    validate_tensor_parallel(arch, world_size)
+    return PLANS[arch.architecture]
+
+
+def _split_table(plan: TPPlan) -> dict[str, tuple[int, str, int]]:
+    """Parameter name inside a layer (or in the model, for the vocabulary) -> (dim, kind, chunks)."""
+    table = {}
+    for path, kind in plan.column.items():
+        table[f"{path}.weight"] = table[f"{path}.bias"] = (0, kind, 1)
+    for path, kind in plan.row.items():
+        table[f"{path}.weight"] = (1, kind, 1)
+    if plan.experts is not None:
+        table[f"{plan.experts}.experts.w13"] = (1, EXPERT, 2)
+        table[f"{plan.experts}.experts.w2"] = (2, EXPERT, 1)
+    table[f"{plan.embed}.weight"] = table["lm_head.weight"] = (0, VOCAB, 1)
+    return table
+
+
+def _local_name(plan: TPPlan) -> Callable[[str], str]:
+    """Parameter name -> its name inside its layer (unchanged outside the layers)."""
+    in_layer = re.compile(rf"^{re.escape(plan.layers)}\.\d+\.")
+    return lambda name: in_layer.sub("", name, count=1)
 
 
 def shard_specs(arch: ModelArch, rank: int, world_size: int) -> Callable[[str], Optional[ShardSpec]]:
-    """HF parameter name -> the ShardSpec of `rank`, or None for a tensor every rank keeps whole."""
-    validate_tensor_parallel(arch, world_size)
-    d = arch.head_dim
-    heads, kv_heads = arch.num_attention_heads // world_size, kv_heads_per_rank(arch, world_size)
-    # Rank r's query heads read KV heads r*K/W onwards, also when K < W (then one replicated head).
-    kv_start = rank * arch.num_key_value_heads // world_size
-    q = (rank * heads * d, heads * d)
-    kv = (kv_start * d, kv_heads * d)
-    inter = arch.intermediate_size // world_size
-    mlp = (rank * inter, inter)
-    vocab = _vocab_slice(arch.vocab_size, rank, world_size)
-    table = {
-        "self_attn.q_proj.weight": (0, q), "self_attn.q_proj.bias": (0, q),
-        "self_attn.k_proj.weight": (0, kv), "self_attn.k_proj.bias": (0, kv),
-        "self_attn.v_proj.weight": (0, kv), "self_attn.v_proj.bias": (0, kv),
-        "self_attn.o_proj.weight": (1, q),
-        "mlp.gate_proj.weight": (0, mlp), "mlp.gate_proj.bias": (0, mlp),
-        "mlp.up_proj.weight": (0, mlp), "mlp.up_proj.bias": (0, mlp),
-        "mlp.down_proj.weight": (1, mlp),
-        "model.embed_tokens.weight": (0, vocab), "lm_head.weight": (0, vocab),
-    }
+    """Parameter name -> the ShardSpec of `rank`, or None for a tensor every rank keeps whole."""
+    plan = _plan(arch, world_size)
+    slices = feature_slices(arch, rank, world_size)
+    table, local = _split_table(plan), _local_name(plan)
 
     def spec(name: str) -> Optional[ShardSpec]:
-        key = name if name.startswith(("model.embed", "lm_head")) else ".".join(name.split(".")[-3:])
-        hit = table.get(key)
-        return None if hit is None or world_size == 1 else ShardSpec(hit[0], *hit[1])
+        hit = table.get(local(name))
+        if hit is None or world_size == 1:
+            return None
+        dim, kind, chunks = hit
+        return ShardSpec(dim, *slices[kind], chunks=chunks)
 
     return spec
 
 
 # -- the rank's module structure ----------------------------------------------------------------------
 
-def shard_modules(model: LlamaForCausalLM, shard: Shard) -> None:
+def shard_modules(model: nn.Module, shard: Shard) -> None:
     """Swap in modules of this rank's shapes (uninitialized, on the model's device and dtype; the
-    meta device works). Names stay the HF ones, so `shard_specs` names every parameter's slice."""
+    meta device works). Parameter names stay, so `shard_specs` names every parameter's slice."""
     arch = model.arch
-    validate_tensor_parallel(arch, shard.world_size)
-    if any(layer.self_attn.qkv_proj is not None for layer in model.model.layers):
-        raise ValueError("shard_model must run before fuse_projections() (it slices q/k/v separately)")
+    plan = _plan(arch, shard.world_size)
+    _check_ready(model, plan, shard)
+    slices = feature_slices(arch, shard.rank, shard.world_size)
+    size = {kind: n for kind, (_, n) in slices.items()}
+    halves = {path: i for i, path in enumerate(plan.row)} if plan.reducing_norms else {}
+    seen: set[str] = set()
+    for layer in _get(model, plan.layers):
+        for path, kind in plan.column.items():
+            full = _get(layer, path)
+            if full is not None:
+                _set(layer, path, Linear(full.in_features, size[kind], bias=full.bias is not None,
+                                         device=full.weight.device, dtype=full.weight.dtype))
+                seen.add(path)
+        for path, kind in plan.row.items():
+            full = _get(layer, path)
+            if full is not None:
+                _set(layer, path, RowParallelLinear(size[kind], full, shard, halves.get(path)))
+                seen.add(path)
+        block = _get(layer, plan.experts) if plan.experts is not None else None
+        if isinstance(block, SparseMoeBlock):
+            _set(layer, plan.experts, ParallelSparseMoeBlock(block, size[EXPERT], shard))
+        _shard_heads(_get(layer, plan.attention), arch, shard.world_size)
+        for path in plan.reducing_norms:  # each add_forward follows a row-parallel layer
+            _set(layer, path, ReducingRMSNorm(_get(layer, path), shard))
+    if plan.final_norm is not None:
+        _set(model, plan.final_norm, ReducingRMSNorm(_get(model, plan.final_norm), shard))
+    _keep_rank_alibi_slopes(model, slices)
+    embed = VocabParallelEmbedding(_get(model, plan.embed), shard)
+    _set(model, plan.embed, embed)
+    model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
+    # An MoE block replaces the dense MLP in every layer of Mixtral: its paths may go unused.
+    optional = f"{plan.experts}." if plan.experts is not None else None
+    missing = sorted(p for p in (set(plan.column) | set(plan.row)) - seen
+                     if optional is None or not p.startswith(optional))
+    if missing:
+        raise ValueError(f"the tensor-parallel plan of {arch.architecture} names modules no layer has: {missing}")
+    _check_covered(model, plan)
+
+
+def _check_ready(model: nn.Module, plan: TPPlan, shard: Shard) -> None:
+    for layer in _get(model, plan.layers):
+        fused = [getattr(m, name, None) for m in layer.modules() for name in ("qkv_proj", "gate_up_proj")]
+        if any(f is not None for f in fused):
+            raise ValueError("shard_model must run before fuse_projections() (it slices q/k/v separately)")
     if shard.world_size > 1:
         if not dist.is_initialized():
             raise ValueError("tensor parallelism needs torch.distributed initialized "
@@ -173,16 +193,56 @@ def shard_modules(model: LlamaForCausalLM, shard: Shard) -> None:
         if dist.get_world_size(shard.group) != shard.world_size:
             raise ValueError(f"process group has {dist.get_world_size(shard.group)} ranks, "
                              f"world_size is {shard.world_size}")
-    for layer in model.model.layers:
-        _shard_attention(layer.self_attn, arch, shard)
-        _shard_mlp(layer.mlp, shard)
-        # Every add_forward follows a row-parallel layer (o_proj, or the previous layer's down_proj).
-        layer.input_layernorm = ReducingRMSNorm(layer.input_layernorm, shard)
-        layer.post_attention_layernorm = ReducingRMSNorm(layer.post_attention_layernorm, shard)
-    model.model.norm = ReducingRMSNorm(model.model.norm, shard)
-    embed = VocabParallelEmbedding(model.model.embed_tokens, shard)
-    model.model.embed_tokens = embed
-    model.lm_head = ParallelLMHead(model.lm_head, embed if arch.tie_word_embeddings else None, shard)
+
+
+def _shard_heads(attn: nn.Module, arch: ModelArch, world_size: int) -> None:
+    """The attention module attends with the rank's heads (num_kv_heads and sizes where it has them:
+    multi-head families have neither)."""
+    heads, kv_heads, d = arch.num_attention_heads // world_size, kv_heads_per_rank(arch, world_size), arch.head_dim
+    attn.num_heads = heads
+    if hasattr(attn, "num_kv_heads"):
+        attn.num_kv_heads = kv_heads
+    if hasattr(attn, "sizes"):
+        attn.sizes = (heads * d, kv_heads * d, kv_heads * d)
+
+
+def _keep_rank_alibi_slopes(model: nn.Module, slices: dict[str, tuple[int, int]]) -> None:
+    """Modules with ALiBi slopes (`alibi_heads`: which of the model's heads they cover) keep the
+    slopes of the rank's query heads: a head's slope depends on its index among all heads."""
+    d = model.arch.head_dim
+    start, size = slices[Q][0] // d, slices[Q][1] // d
+    for m in model.modules():
+        if getattr(m, "alibi_heads", None) is None:
+            continue
+        if m.alibi_heads != slice(0, model.arch.num_attention_heads):
+            raise ValueError(f"{type(m).__name__} already keeps a subset of the heads: shard a model once")
+        m.alibi_heads = slice(start, start + size)
+        if m.alibi_slopes is not None:
+            m.alibi_slopes = m.alibi_slopes[m.alibi_heads]
+
+
+def _check_covered(model: nn.Module, plan: TPPlan) -> None:
+    """Every matrix is split by the plan or declared replicated (a forgotten projection fails here,
+    not as a shape error deep inside a forward)."""
+    table, local = _split_table(plan), _local_name(plan)
+    whole = [name for name, p in model.named_parameters()
+             if p.dim() >= 2 and local(name) not in table and local(name).rpartition(".")[0] not in plan.replicated]
+    if whole:
+        raise ValueError(f"the tensor-parallel plan of {model.arch.architecture} neither splits nor replicates "
+                         f"{whole[:5]}")
+
+
+def _get(root: nn.Module, path: str) -> Any:
+    for part in path.split("."):
+        root = getattr(root, part, None)
+        if root is None:
+            return None
+    return root
+
+
+def _set(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, leaf = path.rpartition(".")
+    setattr(_get(root, parent) if parent else root, leaf, module)
 
 
 def model_split(arch: ModelArch, shard: Shard) -> ModelSplit:
@@ -191,7 +251,7 @@ def model_split(arch: ModelArch, shard: Shard) -> ModelSplit:
                       spec=shard_specs(arch, shard.rank, shard.world_size))
 
 
-def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
+def shard_model(model: nn.Module, rank: int, world_size: int,
                 group: Optional[dist.ProcessGroup] = None) -> None:
     """Replace the projections, embedding and lm_head of a model with loaded full weights, in
     place, by this rank's shards.
@@ -207,118 +267,3 @@ def shard_model(model: LlamaForCausalLM, rank: int, world_size: int,
         for name, p in model.named_parameters():
             s = spec(name)
             p.copy_(full[name] if s is None else s.take(full[name]))
-
-
-def _empty_linear(in_features: int, out_features: int, like: nn.Linear, bias: bool) -> nn.Linear:
-    w = like.weight
-    return Linear(in_features, out_features, bias=bias, device=w.device, dtype=w.dtype)
-
-
-def _shard_attention(attn: LlamaAttention, arch: ModelArch, shard: Shard) -> None:
-    d, heads = attn.head_dim, arch.num_attention_heads // shard.world_size
-    kv_heads = kv_heads_per_rank(arch, shard.world_size)
-    bias = attn.q_proj.bias is not None
-    attn.q_proj = _empty_linear(arch.hidden_size, heads * d, attn.q_proj, bias)
-    attn.k_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.k_proj, bias)
-    attn.v_proj = _empty_linear(arch.hidden_size, kv_heads * d, attn.v_proj, bias)
-    attn.o_proj = RowParallelLinear(heads * d, attn.o_proj, shard, half=0)
-    attn.num_heads, attn.num_kv_heads = heads, kv_heads
-    attn.sizes = (heads * d, kv_heads * d, kv_heads * d)
-
-
-def _shard_mlp(mlp: LlamaMLP, shard: Shard) -> None:
-    n = mlp.gate_proj.out_features // shard.world_size
-    h, bias = mlp.gate_proj.in_features, mlp.gate_proj.bias is not None
-    mlp.gate_proj = _empty_linear(h, n, mlp.gate_proj, bias)
-    mlp.up_proj = _empty_linear(h, n, mlp.up_proj, bias)
-    mlp.down_proj = RowParallelLinear(n, mlp.down_proj, shard, half=1)
-
-
-class RowParallelLinear(nn.Linear):
-    """`in_features` input features of a Linear shaped like `full`; partial outputs are summed
-    across ranks, then the full (replicated) bias is added once.
-
-    With the shard's symmetric buffer the GEMM writes into it (parallel.symmetric): small batches
-    come back as unreduced partial sums in buffer half `half` for the ReducingRMSNorm that follows
-    (the two row-parallel layers of a Llama layer alternate halves); larger ones are summed in place
-    and come back as a view of the buffer, valid until the next row-parallel layer runs (the Llama
-    layers consume it in the residual add right away)."""
-
-    def __init__(self, in_features: int, full: nn.Linear, shard: Shard, half: int = 0) -> None:
-        w = full.weight
-        super().__init__(in_features, full.out_features, bias=full.bias is not None,
-                         device=w.device, dtype=w.dtype)
-        self.shard, self.half = shard, half
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sym = self.shard.symmetric
-        rows = x.numel() // x.shape[-1]
-        if sym is not None and self.bias is None:
-            part = sym.partial(self.half, rows, self.out_features)
-            if part is not None:
-                x2 = x.reshape(rows, x.shape[-1])
-                kernels.linear(x2, self.weight, out=part)
-                return part.view(*x.shape[:-1], self.out_features)
-        out = sym.output(rows, self.out_features) if sym is not None else None
-        if out is None:
-            y = self.shard.all_reduce(kernels.linear(x, self.weight))
-        else:
-            kernels.linear(x.reshape(-1, x.shape[-1]), self.weight, out=out)
-            y = sym.all_reduce_(out).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
-
-
-class ReducingRMSNorm(RMSNorm):
-    """The RMSNorm after a row-parallel layer (same weight): when that layer left its partial sums
-    unreduced in the symmetric buffer, add_forward sums them over the ranks, adds the residual and
-    normalizes in one kernel; otherwise (its input is already summed) it is a plain RMSNorm."""
-
-    def __init__(self, norm: RMSNorm, shard: Shard) -> None:
-        nn.Module.__init__(self)
-        self.weight, self.eps, self.offset, self.shard = norm.weight, norm.eps, norm.offset, shard
-
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sym = self.shard.symmetric
-        if sym is not None and sym.is_pending(x):
-            return sym.reduce_add_rms_norm(x, residual, self.weight, self.eps)
-        return super().add_forward(x, residual)
-
-
-class VocabParallelEmbedding(nn.Embedding):
-    """This rank's slice of the vocabulary; ids outside it embed to zeros and an all_reduce sums the
-    ranks' rows (exactly one rank contributes each id)."""
-
-    def __init__(self, full: nn.Embedding, shard: Shard) -> None:
-        self.vocab_size = full.num_embeddings
-        self.vocab_start, per_rank = _vocab_slice(self.vocab_size, shard.rank, shard.world_size)
-        w = full.weight
-        super().__init__(per_rank, full.embedding_dim, device=w.device, dtype=w.dtype)
-        self.shard = shard
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        local = input_ids - self.vocab_start
-        outside = (local < 0) | (local >= self.num_embeddings)
-        x = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return self.shard.all_reduce(x.masked_fill(outside.unsqueeze(-1), 0))
-
-
-class ParallelLMHead(nn.Linear):
-    """This rank's vocab slice of lm_head (the embedding's own slice when tied); all_gather of the
-    logits slices gives every rank the full [N, vocab]."""
-
-    def __init__(self, full: nn.Linear, tied: Optional[VocabParallelEmbedding], shard: Shard) -> None:
-        self.vocab_size = full.out_features
-        _, per_rank = _vocab_slice(self.vocab_size, shard.rank, shard.world_size)
-        w = full.weight
-        super().__init__(full.in_features, per_rank, bias=False, device=w.device, dtype=w.dtype)
-        self.shard = shard
-        if tied is not None:
-            self.weight = tied.weight
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = kernels.linear(hidden, self.weight)
-        if self.shard.world_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.shard.world_size)]
-            dist.all_gather(parts, logits.contiguous(), group=self.shard.group)
-            logits = torch.cat(parts, dim=-1)
-        return logits[..., :self.vocab_size]
