@@ -151,6 +151,9 @@ def test_elementwise_kernels_match_reference(dtype, shape):
     assert torch.equal(summed, want_summed)
     torch.testing.assert_close(normed, want_normed, **tol)
     torch.testing.assert_close(te.silu_and_mul(x, up), reference.silu_and_mul(x, up), **tol)
+    for name, c0 in reference.TANH_GELU_C0.items():
+        torch.testing.assert_close(te.gelu_tanh(x, c0), reference.activation(x, name), **tol)
+        torch.testing.assert_close(te.gelu_tanh(x, c0, up), reference.activation(x, name) * up, **tol)
     q = torch.randn(T, hq, d, generator=g).to(DEVICE, dtype)
     k = torch.randn(T, hk, d, generator=g).to(DEVICE, dtype)
     inv = reference.rope_inv_freq(d, 10000.0).to(DEVICE)

@@ -115,13 +115,13 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None
         """gate and up stacked into one GEMM by fuse_projections() (GPU); None = separate."""
         self.act = arch.hidden_act
-        """silu (fused kernels), or a GELU (GeGLU: Gemma), applied as reference.activation."""
+        """silu (fused kernels), or a GELU (GeGLU: Gemma), applied by kernels.activation_and_mul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.act not in ("silu", "swish"):
             gate, up = ((self.gate_proj(x), self.up_proj(x)) if self.gate_up_proj is None
                         else self.gate_up_proj(x).chunk(2, dim=-1))
-            return self.down_proj(reference.activation(gate, self.act) * up)
+            return self.down_proj(kernels.activation_and_mul(gate, up, self.act))
         if self.gate_up_proj is None:
             return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
         if not isinstance(self.gate_up_proj, nn.Linear):  # FP8 (ops.fp8.Fp8Linear): its own product

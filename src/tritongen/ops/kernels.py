@@ -107,6 +107,24 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return _impl(q).apply_rotary(q, k, cos, sin)
 
 
+def activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The MLP activation `name` (reference.activation); the tanh GELUs in one kernel on CUDA."""
+    c0 = reference.TANH_GELU_C0.get(name)
+    if c0 is not None and x.is_cuda and current().triton:
+        return _triton("triton_elementwise").gelu_tanh(x, c0)
+    return reference.activation(x, name)
+
+
+def activation_and_mul(gate: torch.Tensor, up: torch.Tensor, name: str) -> torch.Tensor:
+    """activation(gate) * up (GeGLU and friends); one kernel on CUDA for SiLU and the tanh GELUs."""
+    if name in ("silu", "swish"):
+        return silu_and_mul(gate, up)
+    c0 = reference.TANH_GELU_C0.get(name)
+    if c0 is not None and gate.is_cuda and current().triton:
+        return _triton("triton_elementwise").gelu_tanh(gate, c0, up)
+    return reference.activation(gate, name) * up
+
+
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _impl(gate).silu_and_mul(gate, up)
 

@@ -46,6 +46,12 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+TANH_GELU_C0 = {"gelu_new": math.sqrt(2.0 / math.pi), "gelu_pytorch_tanh": math.sqrt(2.0 / math.pi),
+                "bloom_gelu": 0.79788456}
+"""The tanh GELUs, 0.5 x (1 + tanh(c0 (x + 0.044715 x^3))), by their constant c0 (Bloom's is rounded
+as Megatron wrote it); the fused kernels compute this form, `activation` HF's own formulas."""
+
+
 def activation(x: torch.Tensor, name: str) -> torch.Tensor:
     """The MLP activation by its HF name, with HF's exact formula: the tanh GELUs differ in the
     last bits between the written-out formula (gelu_new) and torch's kernel (gelu_pytorch_tanh)."""

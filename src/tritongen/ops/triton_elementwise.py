@@ -1,5 +1,6 @@
-"""Triton kernels for the per-token ops of a Llama layer: RMSNorm (alone and fused with the
-residual add before it), rotary, SiLU·mul.
+"""Triton kernels for the per-token ops of a layer: RMSNorm (alone and fused with the residual add
+before it; Llama's and Gemma's forms), rotary, SiLU·mul, the tanh GELUs (alone: GPT-2, Bloom; times
+up: Gemma's GeGLU).
 
 Why: in a CUDA-graph decode step the reference versions launch ~7 (RMSNorm), ~10 (rotary) and 2
 (SiLU·mul) small kernels each, so a 32-layer 7B step ran ~1200 kernels whose fixed cost (not the
@@ -149,3 +150,33 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(g2.shape[1], block))](
             g2, u2, y, g2.stride(0), u2.stride(0), g2.shape[1], BLOCK=block)
     return y.view(gate.shape)
+
+
+@triton.jit
+def _gelu_tanh_kernel(X, U, Y, stride_x, stride_u, N, c0, BLOCK: tl.constexpr, GATED: tl.constexpr):
+    """gelu_tanh(x) [* u]: 0.5 x (1 + tanh(c0 (x + 0.044715 x^3))) = x * sigmoid(2 c0 (x + 0.044715 x^3)),
+    in float32, rounded once."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    y = x * tl.sigmoid(2.0 * c0 * (x + 0.044715 * x * x * x))
+    if GATED:
+        y = y * tl.load(U + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + row * N + cols, y.to(Y.dtype.element_ty), mask=ok)
+
+
+def gelu_tanh(x: torch.Tensor, c0: float, up: torch.Tensor | None = None) -> torch.Tensor:
+    """A tanh GELU of `x` with its constant c0 (reference.TANH_GELU_C0), times `up` when given."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    u2 = x2 if up is None else up.reshape(-1, up.shape[-1])
+    if u2.stride(-1) != 1:
+        u2 = u2.contiguous()
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        block = 1024
+        _gelu_tanh_kernel[(x2.shape[0], triton.cdiv(x2.shape[1], block))](
+            x2, u2, y, x2.stride(0), u2.stride(0), x2.shape[1], c0, BLOCK=block, GATED=up is not None)
+    return y.view(x.shape)
