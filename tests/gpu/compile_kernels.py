@@ -33,7 +33,7 @@ from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = {"eps", "scale", "softcap", "k_scale", "v_scale", "k_inv", "v_inv"}
+FLOAT_ARGS = {"eps", "scale", "softcap", "k_scale", "v_scale", "k_inv", "v_inv", "w_offset", "c0"}
 INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
@@ -123,8 +123,9 @@ def configs() -> list[tuple]:
             out += _attention_configs(dtype, 16, 8, 256, softcap=True)  # Gemma-2-9B
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
-            out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block)))
-            out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block)))
+            for offset in (False, True):  # Llama's form, Gemma's
+                out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
+                out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
         for rank, one_row in ((0, True), (1, False)) if dtype == "bf16" else ():  # TP=2, 13B hidden (5120 -> 8192)
             out.append((tar._allreduce_add_rms_norm_kernel, dtype,
                         dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, TIMEOUT=True,
@@ -133,6 +134,8 @@ def configs() -> list[tuple]:
             out.append((tl_._lamport_kernel, dtype, dict(RANK=rank, WORLD=2, WORLD_POW2=2, BITS=16, TIMEOUT=True,
                                                          BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
+        for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU
+            out.append((te._gelu_tanh_kernel, dtype, dict(BLOCK=1024, GATED=gated)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
                                                             SPLIT_K=c["split_k"], IEEE=dtype == "fp32"),

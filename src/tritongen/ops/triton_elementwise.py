@@ -18,23 +18,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _scale(x, rstd, W, cols, ok, offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.constexpr):
+def _scale(x, rstd, W, cols, ok, w_offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.constexpr):
     """Llama: cast the normalized row to the output dtype, then scale by the weight; OFFSET
     (Gemma): scale by (offset + weight) in float32, one rounding at the end."""
     w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     if OFFSET:
-        return ((x * rstd) * (offset + w)).to(OUT_DTYPE)
+        return ((x * rstd) * (w_offset + w)).to(OUT_DTYPE)
     return (w * (x * rstd).to(OUT_DTYPE).to(tl.float32)).to(OUT_DTYPE)
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, offset, BLOCK: tl.constexpr, OFFSET: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, w_offset, BLOCK: tl.constexpr, OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-    tl.store(Y + row * stride_y + cols, _scale(x, rstd, W, cols, ok, offset, Y.dtype.element_ty, OFFSET), mask=ok)
+    tl.store(Y + row * stride_y + cols, _scale(x, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -49,7 +49,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 
 @triton.jit
-def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, offset, BLOCK: tl.constexpr,
+def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
                          OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -60,7 +60,7 @@ def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, offset, BLOC
     tl.store(S + row * N + cols, s, mask=ok)
     s = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, 0) / N + eps)
-    tl.store(Y + row * N + cols, _scale(s, rstd, W, cols, ok, offset, Y.dtype.element_ty, OFFSET), mask=ok)
+    tl.store(Y + row * N + cols, _scale(s, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET), mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
