@@ -13,7 +13,7 @@ from tritongen.bench.datasets import BenchRequest  # noqa: E402
 from tritongen.bench.loadgen import LoadShape, run_serve_benchmark  # noqa: E402
 from tritongen.bench.target_kinds import make_target  # noqa: E402
 from tritongen.bench.targets import TargetError, sampling_fields  # noqa: E402
-from tritongen.bench.triton_grpc import STREAMS_ENV, TritonGrpcTarget, stream_count  # noqa: E402
+from tritongen.bench.triton_grpc import TritonGrpcTarget, stream_count  # noqa: E402
 
 
 def _requests(prompts, out: int = 3) -> list[BenchRequest]:
@@ -42,12 +42,11 @@ def _run_all(url: str, reqs, num_streams: int, then=()):
     return asyncio.run(run())
 
 
-def test_stream_count_default_env_and_argument(monkeypatch):
-    monkeypatch.delenv(STREAMS_ENV, raising=False)
+def test_stream_count_default_and_argument():
     assert (stream_count(128), stream_count(4), stream_count(None)) == (32, 4, 32)
-    monkeypatch.setenv(STREAMS_ENV, "3")
-    assert stream_count(128) == 3 and stream_count(128, num_streams=5) == 5
-    assert len(make_target("triton-grpc", None, None, None, 64, 1.0).pool) == 3
+    assert stream_count(128, num_streams=5) == 5
+    assert len(make_target("triton-grpc", None, None, None, 64, 1.0).pool) == 32
+    assert len(make_target("triton-grpc", None, None, None, 64, 1.0, grpc_streams=3).pool) == 3
     with pytest.raises(ValueError):
         stream_count(8, num_streams=0)
 

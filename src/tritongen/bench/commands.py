@@ -31,7 +31,8 @@ def _run_level(args, requests, tokenizer, concurrency: Optional[int], slos: dict
 
     rate = args.request_rate or math.inf
     target = make_target(args.target, args.url, args.model, tokenizer, concurrency or len(requests),
-                         args.request_timeout, stream=args.stream, api_key=args.api_key)
+                         args.request_timeout, stream=args.stream, api_key=args.api_key,
+                         grpc_streams=args.grpc_streams)
     shape = LoadShape(concurrency=concurrency, request_rate=rate, burstiness=args.burstiness, seed=args.seed,
                       max_duration=args.max_duration, grace=args.grace, request_timeout=args.request_timeout)
     records, elapsed = asyncio.run(run_serve_benchmark(target, requests, shape, args.warmup, not args.no_progress))
@@ -86,6 +87,8 @@ def _add_serve(sub) -> None:
     p.add_argument("--request-rate", type=float, default=None, help="open loop: arrivals per second")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream (openai)")
+    p.add_argument("--grpc-streams", type=int, default=None,
+                   help="triton-grpc: gRPC streams (one connection each) the requests share (default min(concurrency, 32))")
     p.add_argument("--warmup", type=int, default=0, help="unrecorded requests sent first, one at a time")
     p.add_argument("--max-duration", type=float, default=3600.0, help="send no request after this many seconds")
     p.add_argument("--grace", type=float, default=60.0, help="then cancel what still runs after this many seconds")

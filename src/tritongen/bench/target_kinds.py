@@ -17,7 +17,8 @@ DEFAULT_URLS = {
 
 
 def make_target(kind: str, url: Optional[str], model: Optional[str], tokenizer, concurrency: int,
-                timeout: float, stream: bool = True, api_key: Optional[str] = None) -> Target:
+                timeout: float, stream: bool = True, api_key: Optional[str] = None,
+                grpc_streams: Optional[int] = None) -> Target:
     url = url or DEFAULT_URLS.get(kind, "")
     if kind == "openai":
         return OpenAITarget(url, model, tokenizer, concurrency, timeout, stream=stream, api_key=api_key)
@@ -26,5 +27,5 @@ def make_target(kind: str, url: Optional[str], model: Optional[str], tokenizer, 
     if kind == "triton-bls":
         return TritonBlsTarget(url, model, tokenizer, concurrency, timeout)
     if kind == "triton-grpc":
-        return TritonGrpcTarget(url, model, tokenizer, timeout, concurrency=concurrency)
+        return TritonGrpcTarget(url, model, tokenizer, timeout, concurrency=concurrency, num_streams=grpc_streams)
     raise ValueError(f"unknown target {kind!r}; choose from {', '.join(TARGETS)}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import struct
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
@@ -30,8 +29,6 @@ from tritongen.bench.targets import Chunk, Target, TargetError, sampling_fields
 
 MAX_STREAMS = 32
 """Default cap on streams: K = min(concurrency, MAX_STREAMS)."""
-STREAMS_ENV = "TRITONGEN_BENCH_GRPC_STREAMS"
-"""Environment override of K when the constructor is not given num_streams."""
 _MAX_MESSAGE = 2**31 - 1  # tritonclient's limit: long prompts must not hit gRPC's 4 MiB default
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", _MAX_MESSAGE),
                     ("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -41,9 +38,7 @@ _END = object()
 
 
 def stream_count(concurrency: Optional[int], num_streams: Optional[int] = None) -> int:
-    """K: num_streams, else $TRITONGEN_BENCH_GRPC_STREAMS, else min(concurrency, MAX_STREAMS)."""
-    if num_streams is None and os.environ.get(STREAMS_ENV):
-        num_streams = int(os.environ[STREAMS_ENV])
+    """K: num_streams (`bench serve --grpc-streams`), else min(concurrency, MAX_STREAMS)."""
     if num_streams is None:
         num_streams = min(concurrency or MAX_STREAMS, MAX_STREAMS)
     if num_streams < 1:

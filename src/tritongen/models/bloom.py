@@ -16,7 +16,7 @@ from torch import nn
 from tritongen.models.arch import ModelArch
 from tritongen.models.gpt2 import LayerNorm
 from tritongen.models.llama import Linear
-from tritongen.ops import reference
+from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, cached_attention
 
 
@@ -45,7 +45,7 @@ class BloomMLP(nn.Module):
         self.act = arch.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(reference.activation(self.dense_h_to_4h(x), self.act))
+        return self.dense_4h_to_h(kernels.activation(self.dense_h_to_4h(x), self.act))
 
 
 class BloomBlock(nn.Module):

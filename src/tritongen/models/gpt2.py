@@ -16,7 +16,7 @@ from torch import nn
 
 from tritongen.models.arch import ModelArch
 from tritongen.models.llama import Linear
-from tritongen.ops import reference
+from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, cached_attention
 
 _CONV1D = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -61,7 +61,7 @@ class GPT2MLP(nn.Module):
         self.act = arch.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(reference.activation(self.c_fc(x), self.act))
+        return self.c_proj(kernels.activation(self.c_fc(x), self.act))
 
 
 class GPT2Block(nn.Module):
