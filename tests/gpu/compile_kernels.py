@@ -4,10 +4,10 @@ Triton's front end, its passes and the ptxas bundled with the triton wheel. Run 
 configuration and exits non-zero when one fails. tests/gpu/test_triton_compile.py runs it.
 
 Shapes follow the models the engine serves: Llama-2-7B (32 heads, MHA), Llama-3-8B (32/8, GQA),
-SmolLM2 (9/3, head_dim 64), Bloom-7B1 (32 heads, ALiBi, no rotary), Gemma-2-9B (16/8, head_dim
-256, logit softcap); decode (BLOCK_M 16) and prefill (BLOCK_M 64) attention tiles, the fused decode
-kernel at the largest split count (with and without its KV write), every skinny GEMM candidate and
-every gated (gate/up + SiLU·mul) one.
+SmolLM2 (9/3, head_dim 64), Bloom-7B1 (32 heads, ALiBi, no rotary, LayerNorm over 4096; GPT-2's
+over 768), Gemma-2-9B (16/8, head_dim 256, logit softcap); decode (BLOCK_M 16) and prefill
+(BLOCK_M 64) attention tiles, the fused decode kernel at the largest split count (with and without
+its KV write), every skinny GEMM candidate and every gated (gate/up + SiLU·mul) one.
 The PTX of kernels whose last program reduces (split-K GEMMs, split fused decode) is checked for the
 memory ordering they rely on, and the fused decode kernel's for the barrier after its KV write.
 """
@@ -126,6 +126,11 @@ def configs() -> list[tuple]:
             for offset in (False, True):  # Llama's form, Gemma's
                 out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
                 out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
+        for hidden in (768, 4096):  # GPT-2, Bloom-7B1
+            for has_bias in (True, False) if hidden == 768 else (True,):
+                block = triton.next_power_of_2(hidden)
+                out.append((te._layer_norm_kernel, dtype, dict(BLOCK=block, HAS_BIAS=has_bias)))
+                out.append((te._add_layer_norm_kernel, dtype, dict(BLOCK=block, HAS_BIAS=has_bias)))
         for rank, one_row in ((0, True), (1, False)) if dtype == "bf16" else ():  # TP=2, 13B hidden (5120 -> 8192)
             out.append((tar._allreduce_add_rms_norm_kernel, dtype,
                         dict(RANK=rank, WORLD=2, WORLD_POW2=2, NUM_SLOTS=tar.SLOTS, ONE_ROW=one_row, TIMEOUT=True,

@@ -162,6 +162,52 @@ def test_elementwise_kernels_match_reference(dtype, shape):
         torch.testing.assert_close(got, want, **tol)
 
 
+def _layer_norm_case(T, hidden, dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (3 * torch.randn(T, hidden, generator=g) + 0.5).to(DEVICE, dtype)  # a mean far from 0
+    up = torch.randn(T, hidden, generator=g).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(DEVICE, dtype)
+    b = (0.1 * torch.randn(hidden, generator=g)).to(DEVICE, dtype)
+    return x, up, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, hidden", [(3, 576), (2, 1000), (4, 768), (2, 4096)])
+def test_layer_norm_kernels_match_reference(dtype, T, hidden):
+    """GPT-2's and Bloom's LayerNorm, alone and after the residual add; hidden sizes that are no
+    power of two leave the row's last block partly masked."""
+    from tritongen.ops import triton_elementwise as te
+
+    if INTERPRET and dtype is torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA and by the test below")
+    x, up, w, b = _layer_norm_case(T, hidden, dtype)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(te.layer_norm(x, w, b, 1e-5), reference.layer_norm(x, w, b, 1e-5), **tol)
+    torch.testing.assert_close(te.layer_norm(x, w, None, 1e-5), reference.layer_norm(x, w, None, 1e-5), **tol)
+    normed, summed = te.add_layer_norm(x, up, w, b, 1e-5)
+    want_normed, want_summed = reference.add_layer_norm(x, up, w, b, 1e-5)
+    assert torch.equal(summed, want_summed)  # the residual stream is rounded exactly as x + up
+    torch.testing.assert_close(normed, want_normed, **tol)
+    strided = torch.cat([x, up], dim=-1)[:, :hidden]  # rows hidden * 2 apart
+    torch.testing.assert_close(te.layer_norm(strided, w, b, 1e-5), reference.layer_norm(x, w, b, 1e-5), **tol)
+
+
+@pytest.mark.parametrize("T, hidden", [(3, 576), (2, 1000), (2, 4096)])
+def test_layer_norm_kernel_rounds_bf16_once_like_the_reference(T, hidden):
+    """The reference's bf16 LayerNorm equals its float32 one rounded once (mean, variance, weight and
+    bias all in float32); the kernel computes the float32 one, so rounding its output to bf16 must
+    give the reference's bf16 bits (in the interpreter too, which cannot round inside a bf16 kernel)."""
+    from tritongen.ops import triton_elementwise as te
+
+    x, _, w, b = _layer_norm_case(T, hidden, torch.bfloat16)
+    want = reference.layer_norm(x, w, b, 1e-5)
+    assert torch.equal(reference.layer_norm(x.float(), w.float(), b.float(), 1e-5).to(torch.bfloat16), want)
+    got = te.layer_norm(x.float(), w.float(), b.float(), 1e-5).to(torch.bfloat16)
+    # float32 sums in another order may cross a rounding boundary: rarely, and by one bf16 ulp
+    assert (got != want).float().mean() < 1e-3
+    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)
+
+
 def test_write_kv_with_strided_views_of_a_fused_qkv():
     """k and v as column slices of one [T, q + 2kv] tensor, as fuse_projections produces."""
     hq, hkv, d = 4, 2, 32

@@ -1,5 +1,6 @@
-"""Dispatch of the per-token ops (RMSNorm, residual add + RMSNorm, rotary, SiLU·mul) and of the
-linear layers: the reference (torch), or for CUDA tensors the Triton kernels.
+"""Dispatch of the per-token ops (RMSNorm and LayerNorm, each alone or fused with the residual add
+before it, rotary, SiLU·mul) and of the linear layers: the reference (torch), or for CUDA tensors
+the Triton kernels.
 
 What one engine runs is a `KernelChoices`: whether the Triton kernels are on, and which decode
 GEMMs take the Triton skinny GEMM (triton_gemv.select_kernels measured it faster on that model's
@@ -100,6 +101,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     return _impl(x).add_rms_norm(x, residual, weight, eps, offset)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """nn.LayerNorm over the last dimension (GPT-2, Bloom; reference.layer_norm)."""
+    return _impl(x).layer_norm(x, weight, bias, eps)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual), the sum rounded as the plain add rounds it."""
+    return _impl(x).add_layer_norm(x, residual, weight, bias, eps)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

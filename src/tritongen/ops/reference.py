@@ -46,6 +46,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add before a LayerNorm, fused: s = x + residual (in x's dtype); (layer_norm(s), s)."""
+    s = x + residual
+    return layer_norm(s, weight, bias, eps), s
+
+
 TANH_GELU_C0 = {"gelu_new": math.sqrt(2.0 / math.pi), "gelu_pytorch_tanh": math.sqrt(2.0 / math.pi),
                 "bloom_gelu": 0.79788456}
 """The tanh GELUs, 0.5 x (1 + tanh(c0 (x + 0.044715 x^3))), by their constant c0 (Bloom's is rounded

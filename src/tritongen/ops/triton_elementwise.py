@@ -1,14 +1,16 @@
 """Triton kernels for the per-token ops of a layer: RMSNorm (alone and fused with the residual add
-before it; Llama's and Gemma's forms), rotary, SiLU·mul, the tanh GELUs (alone: GPT-2, Bloom; times
-up: Gemma's GeGLU).
+before it; Llama's and Gemma's forms), LayerNorm with bias (alone and fused likewise: GPT-2,
+Bloom), rotary, SiLU·mul, the tanh GELUs (alone: GPT-2, Bloom; times up: Gemma's GeGLU).
 
 Why: in a CUDA-graph decode step the reference versions launch ~7 (RMSNorm), ~10 (rotary) and 2
 (SiLU·mul) small kernels each, so a 32-layer 7B step ran ~1200 kernels whose fixed cost (not the
 weight reads) dominated batch-1 latency. One kernel per op, one program per token.
 
 Numerics follow ops/reference.py (the oracle): RMSNorm normalizes in float32, rounds to the
-input dtype, then multiplies by the weight in that dtype; rotary and SiLU compute in float32
-and round once (the reference rounds after each product; differences are within one ulp).
+input dtype, then multiplies by the weight in that dtype; LayerNorm (F.layer_norm) takes mean and
+variance in float32 and applies weight and bias in float32, one rounding at the end; rotary and
+SiLU compute in float32 and round once (the reference rounds after each product; differences are
+within one ulp).
 """
 from __future__ import annotations
 
@@ -76,6 +78,71 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), x2.shape[1], eps,
                                              offset, BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset))
+    return y.view(x.shape), s.view(x.shape)
+
+
+@triton.jit
+def _layer_norm_row(x, W, B, cols, ok, N, eps, OUT_DTYPE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """F.layer_norm of one float32 row: biased variance of the centred row, (x - mean) * rstd * w + b
+    in float32, rounded once."""
+    mean = tl.sum(x, 0) / N
+    xc = tl.where(ok, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 0) / N + eps)
+    y = xc * rstd * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = y + tl.load(B + cols, mask=ok, other=0.0).to(tl.float32)
+    return y.to(OUT_DTYPE)
+
+
+@triton.jit
+def _layer_norm_kernel(X, W, B, Y, stride_x, N, eps, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + row * N + cols, _layer_norm_row(x, W, B, cols, ok, N, eps, Y.dtype.element_ty, HAS_BIAS), mask=ok)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        _layer_norm_kernel[(x2.shape[0],)](x2, weight, weight if bias is None else bias, y, x2.stride(0),
+                                           x2.shape[1], eps, BLOCK=triton.next_power_of_2(x2.shape[1]),
+                                           HAS_BIAS=bias is not None)
+    return y.view(x.shape)
+
+
+@triton.jit
+def _add_layer_norm_kernel(X, R, W, B, Y, S, stride_x, stride_r, N, eps, BLOCK: tl.constexpr,
+                           HAS_BIAS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
+    s = (x + r).to(S.dtype.element_ty)  # the residual stream is rounded as the plain add rounds it
+    tl.store(S + row * N + cols, s, mask=ok)
+    y = _layer_norm_row(s.to(tl.float32), W, B, cols, ok, N, eps, Y.dtype.element_ty, HAS_BIAS)
+    tl.store(Y + row * N + cols, y, mask=ok)
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(x + residual), x + residual) in one pass: one launch instead of the add's and the norm's."""
+    x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    s = torch.empty_like(y)
+    if x2.shape[0]:
+        _add_layer_norm_kernel[(x2.shape[0],)](x2, r2, weight, weight if bias is None else bias, y, s, x2.stride(0),
+                                               r2.stride(0), x2.shape[1], eps,
+                                               BLOCK=triton.next_power_of_2(x2.shape[1]), HAS_BIAS=bias is not None)
     return y.view(x.shape), s.view(x.shape)
 
 
