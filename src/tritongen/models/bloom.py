@@ -5,10 +5,12 @@ attention, lm_head tied to the embedding.
 Parameter names and layouts are HF's. `query_key_value` stays fused as in the checkpoint: its
 rows are per head [q_h | k_h | v_h] (interleaved), so a view splits it with no copy, and a
 tensor-parallel rank's heads would be one contiguous slice of it.
+The LayerNorms are gpt2.LayerNorm's: on CUDA one Triton kernel each, the residual add before a
+block's norms fused in (kernels.add_layer_norm).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -56,10 +58,18 @@ class BloomBlock(nn.Module):
         self.post_attention_layernorm = LayerNorm(arch.hidden_size, arch.norm_eps)
         self.mlp = BloomMLP(arch)
 
-    def forward(self, x: torch.Tensor, slopes: torch.Tensor, kv_cache: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attention(self.input_layernorm(x), slopes, kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], slopes: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output, still to be added to `residual` (None for the first
+        block, whose x is the normalized embedding); returns this block's MLP output and the
+        residual stream, as GPT2Block does."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(
+            self.self_attention(h, slopes, kv_cache, attn), residual)
+        return self.mlp(h), residual
 
 
 class BloomModel(nn.Module):
@@ -78,10 +88,10 @@ class BloomModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         # positions are unused: ALiBi takes each key's position from its place in the cache.
-        x = self.word_embeddings_layernorm(self.word_embeddings(input_ids))
+        x, residual = self.word_embeddings_layernorm(self.word_embeddings(input_ids)), None
         for block, kv_cache in zip(self.h, kv_caches, strict=True):
-            x = block(x, self.alibi_slopes, kv_cache, attn)
-        return self.ln_f(x)
+            x, residual = block(x, residual, self.alibi_slopes, kv_cache, attn)
+        return self.ln_f.add_forward(x, residual)[0] if residual is not None else self.ln_f(x)
 
 
 class BloomForCausalLM(nn.Module):

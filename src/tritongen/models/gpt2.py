@@ -5,18 +5,19 @@ Our parameters keep HF's names except where the layout differs: HF's Conv1D stor
 [in, out] (we use Linear's [out, in], transposed at load) and its fused `attn.c_attn` is split at
 load into q_proj / k_proj / v_proj, the layout the Llama code and its kernels already use.
 `checkpoint_tensors` does both on load and `hf_state_dict` undoes them for the HF twin.
-LayerNorm and GELU run as plain torch ops (ops.reference) on every device: no Triton kernel yet.
+On CUDA each LayerNorm is one Triton kernel with the residual add before it fused in
+(kernels.add_layer_norm, as Llama fuses it into its RMSNorm) and the GELU another (kernels.activation).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
 
 from tritongen.models.arch import ModelArch
 from tritongen.models.llama import Linear
-from tritongen.ops import kernels, reference
+from tritongen.ops import kernels
 from tritongen.ops.attention import AttentionMetadata, cached_attention
 
 _CONV1D = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -34,7 +35,11 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reference.layer_norm(x, self.weight, self.bias, self.eps)
+        return kernels.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm."""
+        return kernels.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 
 
 class GPT2Attention(nn.Module):
@@ -72,9 +77,17 @@ class GPT2Block(nn.Module):
         self.ln_2 = LayerNorm(arch.hidden_size, arch.norm_eps)
         self.mlp = GPT2MLP(arch)
 
-    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, attn)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output, still to be added to `residual` (None for the first
+        block, whose x is the embedding). Returns this block's MLP output and the residual stream:
+        each add happens inside the next norm (the same sums as x + f(ln(x)), fewer launches)."""
+        if residual is None:
+            residual, h = x, self.ln_1(x)
+        else:
+            h, residual = self.ln_1.add_forward(x, residual)
+        h, residual = self.ln_2.add_forward(self.attn(h, kv_cache, attn), residual)
+        return self.mlp(h), residual
 
 
 class GPT2Model(nn.Module):
@@ -87,10 +100,10 @@ class GPT2Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
-        x = self.wte(input_ids) + self.wpe(positions)
+        x, residual = self.wte(input_ids) + self.wpe(positions), None
         for block, kv_cache in zip(self.h, kv_caches, strict=True):
-            x = block(x, kv_cache, attn)
-        return self.ln_f(x)
+            x, residual = block(x, residual, kv_cache, attn)
+        return self.ln_f.add_forward(x, residual)[0] if residual is not None else self.ln_f(x)
 
 
 class GPT2LMHeadModel(nn.Module):
