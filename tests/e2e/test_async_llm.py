@@ -121,3 +121,71 @@ def test_a_consumer_that_falls_behind_gets_merged_deltas(llm):
     assert [t for o in outs for t in o.delta_token_ids] == outs[-1].token_ids == fast[-1].token_ids
     assert "".join(o.delta_text for o in outs) == outs[-1].text == fast[-1].text
     assert [lp.token_id for o in outs for lp in o.delta_logprobs] == fast[-1].token_ids
+
+
+def test_open_hands_every_step_to_the_consumer_on_its_loop(llm):
+    """open(): no task per request; each step's output arrives unmerged on the caller's loop
+    thread, and many requests' streams add up to what generate() gives."""
+    import threading
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [f"open stream {i}" for i in range(6)]
+    want = [collect(llm, p, params)[-1] for p in prompts]
+
+    async def run():
+        loop_thread = threading.current_thread()
+        got = {p: [] for p in prompts}
+        done = {p: asyncio.get_running_loop().create_future() for p in prompts}
+
+        def on_item(p, item):
+            assert threading.current_thread() is loop_thread
+            got[p].append(item)
+            if isinstance(item, BaseException) or item.finished:
+                done[p].set_result(None)
+
+        streams = [llm.open(p, params, f"open-{i}", lambda item, p=p: on_item(p, item)) for i, p in enumerate(prompts)]
+        await asyncio.wait_for(asyncio.gather(*done.values()), 60)
+        for s in streams:
+            assert s.ended
+            s.close()
+        return got
+
+    got = asyncio.run(run())
+    for p, final in zip(prompts, want):
+        outs = got[p]
+        assert all(len(o.delta_token_ids) <= 1 for o in outs)  # one step each, never merged
+        assert [t for o in outs for t in o.delta_token_ids] == outs[-1].token_ids == final.token_ids
+        assert "".join(o.delta_text for o in outs) == outs[-1].text == final.text
+
+
+def test_open_closed_early_aborts_and_frees_blocks(llm):
+    async def run():
+        first = asyncio.get_running_loop().create_future()
+        items = []
+
+        def on_item(item):
+            items.append(item)
+            if not first.done():
+                first.set_result(None)
+
+        stream = llm.open("x y z", SamplingParams(max_tokens=1000, ignore_eos=True), "open-leaver", on_item)
+        await first
+        stream.close()
+        seen = len(items)
+        for _ in range(100):
+            st = llm.stats()
+            if st["num_running"] == 0 and st["kv_blocks_free"] == st["kv_blocks_total"]:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
+        return llm.stats(), seen, items
+
+    st, seen, items = asyncio.run(run())
+    assert st["num_running"] == 0 and st["kv_blocks_free"] == st["kv_blocks_total"]
+    assert len(items) == seen and not items[-1].finished  # nothing delivered after close()
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(_open_now(llm, "", SamplingParams()))
+
+
+async def _open_now(llm, prompt, params):
+    return llm.open(prompt, params, "open-bad", lambda item: None)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fake_pb_utils as pb
+from fake_engine import OpenOverGenerate
 from tritongen.entrypoints.async_engine import EngineDeadError
 from tritongen.triton import control, llm_model, values
 from tritongen.types import RequestOutput
@@ -31,7 +32,7 @@ class Sink:
         pass
 
 
-class Engine:
+class Engine(OpenOverGenerate):
     """Streams `tokens` outputs, one every `delay` seconds; records aborts."""
 
     def __init__(self, tokens=3, delay=0.0, running=True, error=None):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import fake_pb_utils as pb
+from fake_engine import OpenOverGenerate
 from tritongen.triton import codec, llm_model
 from tritongen.types import RequestOutput
 
@@ -27,9 +28,13 @@ class NullSink:
         pass
 
 
-class ScriptedEngine:
+class ScriptedEngine(OpenOverGenerate):
+    """One output per step; a step lasts far longer than a send (a send in flight would merge the
+    steps arriving meanwhile into its next response)."""
+
     async def generate(self, prompt, params, request_id):
         for i, word in enumerate(WORDS):
+            await asyncio.sleep(0.02)
             yield RequestOutput(request_id=request_id, prompt_token_ids=[1], text="".join(WORDS[:i + 1]),
                                 token_ids=list(range(i + 1)), delta_text=word, delta_token_ids=[i],
                                 finish_reason="length" if i == len(WORDS) - 1 else None)
@@ -93,3 +98,44 @@ def test_repo_writes_sender_threads(tmp_path):
     assert 'key: "sender_threads" value: { string_value: "3" }' in (tmp_path / "llm" / "config.pbtxt").read_text()
     with pytest.raises(ValueError, match="sender_threads must be an integer >= 1"):
         write_repository(tmp_path / "x", {}, sender_threads=0)
+
+
+class BurstEngine(OpenOverGenerate):
+    """All of WORDS in one burst: the steps arrive while the first response's send is in flight."""
+
+    async def generate(self, prompt, params, request_id):
+        for i, word in enumerate(WORDS):
+            yield RequestOutput(request_id=request_id, prompt_token_ids=[1], text="".join(WORDS[:i + 1]),
+                                token_ids=list(range(i + 1)), delta_text=word, delta_token_ids=[i],
+                                finish_reason="length" if i == len(WORDS) - 1 else None)
+
+
+class SlowSender(Sender):
+    def __init__(self):
+        super().__init__()
+        self.in_flight = self.most_in_flight = 0
+        self.lock = threading.Lock()
+
+    def send(self, response=None, flags=0):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        threading.Event().wait(0.05)
+        super().send(response, flags)
+        with self.lock:
+            self.in_flight -= 1
+
+
+def test_steps_arriving_during_a_send_are_merged_into_the_next_response_and_the_final_follows_it():
+    model = llm_model.TritonPythonModel.__new__(llm_model.TritonPythonModel)
+    model.pb, model.engine, model.metrics, model.batch_dim = pb, BurstEngine(), NullSink(), False
+    model.stream_interval, model._active, model.block_size = 1, {}, 16
+    model._senders = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="tritongen-send")
+    request = pb.InferenceRequest({"text_input": np.array([b"x"], dtype=np.object_), "stream": np.array([True])})
+    sender = SlowSender()
+    asyncio.run(model._generate("r-0", codec.parse_request(request, pb), sender))
+    model._senders.shutdown()
+    texts = [r.get("text_output")[0].decode() for r, _ in sender.sent]
+    assert "".join(texts) == "abcdefg" and len(texts) < len(WORDS)  # merged, nothing lost
+    assert [flags for _, flags in sender.sent][-1] == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert sender.most_in_flight == 1  # one send at a time per request

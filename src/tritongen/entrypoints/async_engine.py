@@ -3,7 +3,10 @@
 Threading model: the engine thread alone touches EngineCore state. Callers validate and
 tokenize in their own thread (read-only work), then post commands (add / abort) to a queue that
 the engine thread drains between steps. Outputs go back to each caller's asyncio loop in one
-call_soon_threadsafe per step.
+call_soon_threadsafe per step, whose callback hands every output of that step to its request:
+generate() puts it in the request's queue (its task wakes up to read it); open() calls the
+consumer's function at once, so a front serving many streams (the Triton `llm` model) handles a
+whole step in that one callback, without waking a task per request.
 
 Failures (entrypoints/engine_loop.py): a step that raises fails only its own requests. When the
 engine is given up (steps failing in a row, a fatal error) or its process dies, every request in
@@ -20,7 +23,7 @@ import logging
 import queue
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional, Union
 
 from tritongen.config import EngineConfig
@@ -40,7 +43,8 @@ class EngineDeadError(RuntimeError):
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    put: Callable[[object], None]
+    """Called on `loop` with each output of the request (one per step) or the exception ending it."""
 
 
 def wants_engine_process(device: Optional[str]) -> bool:
@@ -157,22 +161,18 @@ class AsyncLLM:
         params = params or SamplingParams()
         ids = self.validate(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
-        stream = _Stream(asyncio.get_running_loop())
-        with self._lock:
-            self._check_alive()  # under the lock: no stream is added after _went_down ended them
-            if request_id in self._streams:
-                raise ValueError(f"request_id {request_id!r} is already in use")
-            self._streams[request_id] = stream
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._register(request_id, _Stream(asyncio.get_running_loop(), outputs.put_nowait))
         finished = False
         deferred: Optional[BaseException] = None
         try:
             self._commands.put(AddRequest(request_id, ids, params, prompt if isinstance(prompt, str) else None))
             while not finished:
-                item = deferred or await stream.queue.get()
+                item = deferred or await outputs.get()
                 if isinstance(item, BaseException):
                     raise item
-                while not item.finished and not stream.queue.empty():  # the caller fell behind
-                    later = stream.queue.get_nowait()
+                while not item.finished and not outputs.empty():  # the caller fell behind
+                    later = outputs.get_nowait()
                     if isinstance(later, BaseException):
                         deferred = later
                         break
@@ -184,6 +184,40 @@ class AsyncLLM:
                 self._streams.pop(request_id, None)
             if not finished and self.is_running:
                 self._commands.put(_Abort(request_id))
+
+    def open(self, prompt: Union[str, list[int]], params: Optional[SamplingParams], request_id: str,
+             on_item: Callable[[object], None]) -> "OutputStream":
+        """Start a request whose outputs are handed to `on_item` on the calling thread's running
+        loop, with no task per request: the one callback of each engine step calls it for each of
+        that step's outputs. `on_item` gets every step's RequestOutput (never merged: the consumer
+        coalesces as it sees fit), or the exception ending the request (EngineDeadError, or
+        ValueError for a request the engine refused); nothing after a finished output or an
+        exception. It runs inside the step's callback: it must not block, and one that raises is
+        logged while the step's other requests go on. Raises as generate() does before anything is
+        queued. close() the returned stream when done with it: before the end, that aborts the
+        request (as leaving generate() early does)."""
+        self._check_alive()
+        params = params or SamplingParams()
+        ids = self.validate(prompt, params)
+        stream = OutputStream(self, request_id, on_item)
+        self._register(request_id, _Stream(asyncio.get_running_loop(), stream._put))
+        self._commands.put(AddRequest(request_id, ids, params, prompt if isinstance(prompt, str) else None))
+        return stream
+
+    def _register(self, request_id: str, stream: _Stream) -> None:
+        with self._lock:
+            self._check_alive()  # under the lock: no stream is added after _went_down ended them
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+
+    def _close(self, request_id: str, put: Callable[[object], None], ended: bool) -> None:
+        with self._lock:
+            stream = self._streams.get(request_id)
+            if stream is not None and stream.put == put:
+                del self._streams[request_id]
+        if not ended and self.is_running:
+            self._commands.put(_Abort(request_id))
 
     async def abort(self, request_id: str) -> None:
         """Abort a request; when this returns its KV blocks are free. An id the engine does not
@@ -337,12 +371,12 @@ class AsyncLLM:
                 cmd.done.set()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[object], None], RequestOutput]]] = {}
         with self._lock:
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
-                    by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+                    by_loop.setdefault(stream.loop, []).append((stream.put, out))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
@@ -358,7 +392,7 @@ class AsyncLLM:
 
 def _post(stream: _Stream, item: object) -> None:
     try:
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        stream.loop.call_soon_threadsafe(stream.put, item)
     except RuntimeError:
         pass  # that caller's loop is closed
 
@@ -427,6 +461,34 @@ class _Forwarder:
         return outs
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
-    for q, out in items:
-        q.put_nowait(out)
+def _put_all(items: list[tuple[Callable[[object], None], RequestOutput]]) -> None:
+    """One engine step's outputs of one loop's requests, on that loop."""
+    for put, out in items:
+        try:
+            put(out)
+        except Exception:  # a consumer's bug must not starve the step's other requests
+            logger.exception("handing an output of %s to its consumer failed", out.request_id)
+
+
+class OutputStream:
+    """A request started with AsyncLLM.open(): delivers its outputs to `on_item` until it ends or
+    is closed."""
+
+    def __init__(self, llm: AsyncLLM, request_id: str, on_item: Callable[[object], None]) -> None:
+        self.request_id = request_id
+        self._llm, self._on_item = llm, on_item
+        self.ended = False
+        """A finished output or an exception was delivered: the engine holds nothing of it."""
+        self.closed = False
+
+    def _put(self, item: object) -> None:
+        if self.ended or self.closed:
+            return
+        self.ended = isinstance(item, BaseException) or item.finished
+        self._on_item(item)
+
+    def close(self) -> None:
+        """No more deliveries; aborts the request in the engine unless it ended. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            self._llm._close(self.request_id, self._put, self.ended)

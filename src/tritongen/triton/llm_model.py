@@ -1,12 +1,14 @@
 """Body of the decoupled `llm` model: one instance hosts an AsyncLLM.
 
 `execute` hands each request to an asyncio loop thread and returns at once; the request's task
-streams engine outputs back through its response sender. Everything that talks to the server
-process is a blocking round trip (python_backend 24.10: a send, a cancellation check, a metric
-update), and none of it runs on the loop, which must read every step of every request:
+starts it and waits for its end. In between, its outputs reach its response sender without waking
+the task (triton/streams.py): each engine step's one callback on the loop hands every request its
+output (AsyncLLM.open), and sends complete in batches. Everything that talks to the server process
+is a blocking round trip (python_backend 24.10: a send, a cancellation check, a metric update),
+and none of it runs on the loop, which must read every step of every request:
 - sends run on a few sender threads (triton/responses.py): sends of different requests overlap,
   and a request whose previous send is still in flight gets the steps it missed merged into its
-  next response (AsyncLLM coalesces them) instead of queueing one per token;
+  next response instead of queueing one per token;
 - a request's metric updates ride with its sends (they are applied in the sender thread before the
   response goes out, so a client that saw the FINAL sees them counted);
 - a watcher thread polls the senders for cancellation (gRPC stream cancel, client disconnect),
@@ -36,9 +38,9 @@ from tritongen.triton import codec, control, errors
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, TensorCache, send_on
 from tritongen.triton.metric_families import TritonMetricsSink
+from tritongen.triton.streams import ResponseStream
 from tritongen.triton.repo import parameter_value
 from tritongen.triton.trtllm import PerfMetrics
-from tritongen.types import RequestOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -192,34 +194,16 @@ class TritonPythonModel:
         perf = perf or PerfMetrics(time.time_ns())
         ops = ops if ops is not None else MetricOps(self.metrics)
         decode = self._decode if parsed.outputs.logprobs else None
-        params = self._with_stop_sequences(parsed)
-        wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
-        wants_perf = parsed.outputs.perf_metrics
-        unsent: Optional[RequestOutput] = None  # streamed deltas held until stream_interval tokens
-        async for out in self.engine.generate(parsed.prompt, params, request_id):
-            if out.error:  # counted as an error by the caller, not as a finished request
-                raise EngineRequestError(f"engine error: {out.error}")
-            timer.on_output(out, ops)
-            if wants_perf:
-                perf.update(out, time.time_ns(), self.block_size)
-            if parsed.stream and unsent is not None:
-                out = merge_outputs(unsent, out)
-                unsent = None
-            if out.finished:
-                response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
-                await self._final(sender, response, request_id, ops)
-                return
-            if not parsed.stream:
-                continue
-            if len(out.delta_token_ids) < self.stream_interval:
-                unsent = out
-            # A step whose text is held back (split UTF-8 character, possible stop string) still
-            # carries tokens: clients counting tokens per response must see it.
-            elif out.delta_text or (wants_tokens and out.delta_token_ids):
-                response = codec.make_response(out, parsed, self._tensors, batch_dim=self.batch_dim, decode=decode,
-                                               perf=perf)
-                fresh = self._tensors.take_fresh()
-                await self._send(functools.partial(self._send_streamed, ops, sender, response, fresh))
+        stream = ResponseStream(self, parsed, sender, timer, perf, ops, decode, EngineRequestError)
+        outputs = self.engine.open(parsed.prompt, self._with_stop_sequences(parsed), request_id, stream.on_item)
+        try:
+            out = await stream.done
+            await stream.settled()
+        finally:
+            outputs.close()  # before the end (cancelled, failed): aborts the engine request
+            await stream.settled(raise_error=False)  # one send at a time per sender: the FINAL follows
+        response = codec.make_response(out, parsed, self.pb, batch_dim=self.batch_dim, decode=decode, perf=perf)
+        await self._final(sender, response, request_id, ops)
 
     def _with_stop_sequences(self, parsed: codec.ParsedRequest):
         """Multi-token stop words (stop_words_list) end generation where their text appears."""
@@ -264,11 +248,6 @@ class TritonPythonModel:
             self._active.pop(request_id, None)
         flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         await self._send(functools.partial(self._send_final, ops, sender, response, flag))
-
-    def _send_streamed(self, ops: MetricOps, sender, response, fresh: list) -> None:
-        ops.apply_then(sender.send, response)
-        if fresh:
-            self._tensors.admit(fresh)
 
     def _send_final(self, ops: Optional[MetricOps], sender, response, flag: int) -> None:
         if ops is not None:

@@ -168,3 +168,33 @@ class TensorCache:
         if array.nbytes > self.max_value_bytes:
             return None
         return name, array.dtype.str, array.shape, array.tobytes()
+
+
+class LoopCalls:
+    """Calls posted from other threads (the sender threads' completions), run on `loop` in batches:
+    one call_soon_threadsafe, one wake-up of the loop, for every call posted while the previous
+    batch had not run yet, instead of one per send."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._calls: list[tuple[Callable, tuple]] = []
+        self._lock = threading.Lock()
+
+    def post(self, fn: Callable, *args) -> None:
+        with self._lock:
+            self._calls.append((fn, args))
+            first = len(self._calls) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._run)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+    def _run(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, []
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("a call posted to the loop failed")
