@@ -31,6 +31,7 @@ from tritongen.ops import triton_fp8 as tf8  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
 from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
+from tritongen.ops import triton_qk_norm as tq  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 FLOAT_ARGS = {"eps", "scale", "softcap", "k_scale", "v_scale", "k_inv", "v_inv", "w_offset", "c0"}
@@ -141,6 +142,8 @@ def configs() -> list[tuple]:
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU
             out.append((te._gelu_tanh_kernel, dtype, dict(BLOCK=1024, GATED=gated)))
+        for offset in (False, True):  # Qwen3-8B's qk-norm, Gemma 3's (1 + w)
+            out.append((tq._qk_norm_kernel, dtype, dict(NUM_Q=32, HEAD_DIM=128, BLOCK_D=128, OFFSET=offset)))
         for c in tg.candidates(torch.bfloat16 if dtype == "bf16" else torch.float32):
             out.append((tg._skinny_gemm_kernel, dtype, dict(BLOCK_M=16, BLOCK_N=c["block_n"], BLOCK_K=c["block_k"],
                                                             SPLIT_K=c["split_k"], IEEE=dtype == "fp32"),

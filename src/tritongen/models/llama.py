@@ -87,19 +87,25 @@ class LlamaAttention(nn.Module):
         self.k_norm = norm() if norm else None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [T, heads, head_dim], q and k normalized where the arch has qk-norm."""
+        T, d = x.shape[0], self.head_dim
         if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return self.qkv_proj(x).split(self.sizes, dim=-1)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = q.view(T, -1, d), k.view(T, -1, d), v.view(T, -1, d)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            return q, k, v
+        qkv = self.qkv_proj(x)
+        if self.q_norm is not None:  # in place, in the stacked output: one kernel on CUDA
+            kernels.qk_rms_norm_(qkv, self.q_norm.weight, self.k_norm.weight, self.sizes[0] // d,
+                                 self.sizes[1] // d, d, self.q_norm.eps, self.q_norm.offset)
+        q, k, v = qkv.split(self.sizes, dim=-1)
+        return q.view(T, -1, d), k.view(T, -1, d), v.view(T, -1, d)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self._qkv(x)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         out = rotary_attention(q, k, v, cos, sin, kv_cache, attn, self.scale, self.sliding_window,
                                self.logit_softcap)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))

@@ -103,6 +103,19 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return _impl(x).add_rms_norm(x, residual, weight, eps, offset)
 
 
+def qk_rms_norm_(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, num_q: int, num_k: int,
+                 head_dim: int, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """qk-norm (Qwen3, Gemma 3) in place in a stacked q|k|v projection output [T, (num_q + 2·num_k) · head_dim]:
+    rms_norm over head_dim of each q head (q_weight) and each k head (k_weight); one kernel on CUDA."""
+    if qkv.is_cuda and current().triton:
+        return _triton("triton_qk_norm").qk_rms_norm_(qkv, q_weight, k_weight, num_q, num_k, head_dim, eps, offset)
+    T, q_size, k_size = qkv.shape[0], num_q * head_dim, num_k * head_dim
+    q, k = qkv[:, :q_size], qkv[:, q_size:q_size + k_size]
+    q.copy_(reference.rms_norm(q.reshape(T, num_q, head_dim), q_weight, eps, offset).reshape(T, q_size))
+    k.copy_(reference.rms_norm(k.reshape(T, num_k, head_dim), k_weight, eps, offset).reshape(T, k_size))
+    return qkv
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """nn.LayerNorm over the last dimension (GPT-2, Bloom; reference.layer_norm)."""
     return _impl(x).layer_norm(x, weight, bias, eps)
