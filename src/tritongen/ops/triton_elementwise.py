@@ -40,9 +40,7 @@ def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, w_offset, BLOCK: tl.co
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x, x.shape[-1])
     y = torch.empty_like(x2)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), x2.shape[1], eps, offset,
@@ -51,16 +49,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 
 @triton.jit
+def _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok):
+    """s = x + r, stored to S rounded as the plain add rounds the residual stream; s in float32."""
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
+    s = (x + r).to(S.dtype.element_ty)
+    tl.store(S + row * N + cols, s, mask=ok)
+    return s.to(tl.float32)
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as [rows, n] with unit column stride (a copy only where the view is strided)."""
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+@triton.jit
 def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
                          OFFSET: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
-    s = (x + r).to(S.dtype.element_ty)  # the residual stream is rounded as the plain add rounds it
-    tl.store(S + row * N + cols, s, mask=ok)
-    s = s.to(tl.float32)
+    s = _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, 0) / N + eps)
     tl.store(Y + row * N + cols, _scale(s, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET), mask=ok)
 
@@ -68,11 +78,7 @@ def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, w_offset, BL
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass: one launch instead of two."""
-    x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
+    x2, r2 = _rows(x, x.shape[-1]), _rows(residual, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     s = torch.empty_like(y)
     if x2.shape[0]:
@@ -104,9 +110,7 @@ def _layer_norm_kernel(X, W, B, Y, stride_x, N, eps, BLOCK: tl.constexpr, HAS_BI
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
         _layer_norm_kernel[(x2.shape[0],)](x2, weight, weight if bias is None else bias, y, x2.stride(0),
@@ -121,22 +125,15 @@ def _add_layer_norm_kernel(X, R, W, B, Y, S, stride_x, stride_r, N, eps, BLOCK: 
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
-    s = (x + r).to(S.dtype.element_ty)  # the residual stream is rounded as the plain add rounds it
-    tl.store(S + row * N + cols, s, mask=ok)
-    y = _layer_norm_row(s.to(tl.float32), W, B, cols, ok, N, eps, Y.dtype.element_ty, HAS_BIAS)
+    s = _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok)
+    y = _layer_norm_row(s, W, B, cols, ok, N, eps, Y.dtype.element_ty, HAS_BIAS)
     tl.store(Y + row * N + cols, y, mask=ok)
 
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(x + residual), x + residual) in one pass: one launch instead of the add's and the norm's."""
-    x2, r2 = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
+    x2, r2 = _rows(x, x.shape[-1]), _rows(residual, x.shape[-1])
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     s = torch.empty_like(y)
     if x2.shape[0]:
@@ -235,9 +232,7 @@ def _gelu_tanh_kernel(X, U, Y, stride_x, stride_u, N, c0, BLOCK: tl.constexpr, G
 
 def gelu_tanh(x: torch.Tensor, c0: float, up: torch.Tensor | None = None) -> torch.Tensor:
     """A tanh GELU of `x` with its constant c0 (reference.TANH_GELU_C0), times `up` when given."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x, x.shape[-1])
     u2 = x2 if up is None else up.reshape(-1, up.shape[-1])
     if u2.stride(-1) != 1:
         u2 = u2.contiguous()
