@@ -1,4 +1,4 @@
-"""Our engine against a peer engine (vLLM) on one GPU, same weights, same requests (issue 30).
+"""Our engine against a peer engine (vLLM or LMDeploy) on one GPU, same weights, same requests (issue 30).
 
 The dummy model (default dummy:llama-2-7b, bf16) is saved once as an HF safetensors checkpoint
 with the tokenizer beside it; both engines load that directory. Workloads:
@@ -11,7 +11,8 @@ process for bs1 + offline, a server process for serving, started on a free 127.0
 stopped by PID), one at a time: each takes most of the GPU. Prints ours/peer ratios with the
 roofline fraction (floors from DESIGN.md's H200 ceilings) and writes JSON.
 
-GPU machine, vLLM installed from the carried parts (benchmarks/peers/install_vllm.sh):
+GPU machine, the peer installed from the carried parts (benchmarks/peers/install_vllm.sh, or
+install_lmdeploy.sh with /tmp/peer-site-lmdeploy and --peer lmdeploy: its PyTorch engine):
     PYTHONPATH=/tmp/peer-site:$PWD/src TRITONGEN_LLAMA2_TOKENIZER=<dir> python3 benchmarks/peer_suite.py \
         --peer vllm [--workloads bs1,offline] [--sides ours,peer]
 A device command runs at most 10 minutes: split the work with --workloads / --sides over calls on
@@ -70,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--worker-timeout", type=float, default=540.0, help="seconds for one side's bs1 + offline")
     ap.add_argument("--vllm-kwargs", type=json.loads, default={},
                     help='extra vllm.LLM arguments as JSON, also its server\'s flags, e.g. {"max_num_seqs": 256}')
+    ap.add_argument("--lmdeploy-kwargs", type=json.loads, default={},
+                    help='extra PytorchEngineConfig fields as JSON, also its server\'s flags, '
+                         'e.g. {"max_batch_size": 256}')
     ap.add_argument("--log-dir", default=None, help="server logs and the worker plan (default: beside the JSON)")
     add_engine_args(ap)  # ours: --model, --tokenizer, --dtype, --device, --max-num-seqs, ...
     ap.set_defaults(model="dummy:llama-2-7b", dtype=None, enable_prefix_caching=False)
@@ -87,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def settings(args: argparse.Namespace, options: dict) -> dict:
     """What a result depends on: state from a call with other settings is not merged."""
     keys = ("model", "dtype", "seed", "dataset", "num_prompts", "concurrency", "bs1_input_len", "bs1_output_len",
-            "bs1_iters", "vllm_kwargs", "max_duration")
+            "bs1_iters", "vllm_kwargs", "lmdeploy_kwargs", "max_duration")
     return {**{k: getattr(args, k) for k in keys}, "ours_options": options}
 
 
@@ -164,13 +168,18 @@ def checkpoint(args: argparse.Namespace, tokenizer_dir: str, log_dir: Path) -> t
 
 # -- serving ----------------------------------------------------------------------------------------
 
+def server_command(side: str, model_dir: str, port: int, options: dict, args) -> list[str]:
+    if side == "tritongen":
+        return peers.OursSide.server_command(model_dir, port, options)
+    if side == "lmdeploy":
+        return peers.LmdeploySide.server_command(model_dir, port, args.dtype, args.lmdeploy_kwargs)
+    return peers.VllmSide.server_command(model_dir, port, args.dtype, args.seed, args.vllm_kwargs)
+
+
 def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, requests, warm, log_dir: Path) -> dict:
     """One side's OpenAI server: started, warmed, measured, stopped; a gpu_serving row."""
     server = gpu_serving.OpenAIServer({}, log_dir / f"{side}_server.log")
-    if side == "tritongen":
-        server.cmd = peers.OursSide.server_command(model_dir, server.port, options)
-    else:
-        server.cmd = peers.VllmSide.server_command(model_dir, server.port, args.dtype, args.seed, args.vllm_kwargs)
+    server.cmd = server_command(side, model_dir, server.port, options, args)
     t0 = time.monotonic()
     log(f"serving {side}: starting {' '.join(server.cmd[:4])} ... on port {server.port}")
     try:
@@ -290,7 +299,8 @@ def main(argv=None) -> int:
     state["offline_floor_s"] = roofline.dataset_floor(arch, args.dtype, list(zip(map(len, prompts), output_lens)),
                                                       options.get("max_num_seqs") or 256)["floor_s"]
     plan = {"model_dir": model_dir, "ours_options": options, "dtype": args.dtype, "seed": args.seed,
-            "vllm_kwargs": args.vllm_kwargs, "bs1_output_len": args.bs1_output_len,
+            "vllm_kwargs": args.vllm_kwargs, "lmdeploy_kwargs": args.lmdeploy_kwargs,
+            "bs1_output_len": args.bs1_output_len,
             "bs1_prompts": peers.bs1_prompts(arch.vocab_size, args.bs1_input_len, args.bs1_iters + 1, args.seed),
             "offline_prompts": prompts, "offline_output_lens": output_lens}
     log(f"{args.model} {args.dtype} from {model_dir}; sides {', '.join(args.sides)}; workloads "

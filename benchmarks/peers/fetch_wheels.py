@@ -7,9 +7,10 @@ tool's KINDS.md). This walks the peer's Requires-Dist (markers evaluated for tha
 followed when named), skips what the image has, downloads each wheel with `pip download
 --no-deps` (manylinux 2_17 to 2_39 tags: some requirements ship only 2_31 builds) and writes
 <out>/resolved.json: the wheels, and the versions the closure asks of what was skipped (to check
-against the image). make_vllm_parts.sh runs it, then pack_parts.py.
+against the image). make_vllm_parts.sh and make_lmdeploy_parts.sh run it, then pack_parts.py;
+the peer is the spec, what to leave out is --skip (each script's header says why).
 
-    python benchmarks/peers/fetch_wheels.py vllm==0.25.1 --out .gpu/peers/cache/vllm --skip ...
+    python benchmarks/peers/fetch_wheels.py vllm==0.25.1 --out .gpu/peers/cache/vllm --prune --skip ...
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def main() -> int:
     ap.add_argument("spec", help="the peer, e.g. vllm==0.25.1")
     ap.add_argument("--out", required=True, type=Path, help="where the wheels and resolved.json go")
     ap.add_argument("--skip", nargs="*", default=[], help="more package names not to download")
+    ap.add_argument("--prune", action="store_true",
+                    help="remove wheels in --out that this resolution does not list (pack_parts.py packs them all)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = image_packages() | {canonicalize_name(s) for s in args.skip}
@@ -100,6 +103,11 @@ def main() -> int:
     asked = {name: sorted(s for s in specs if s) for name, specs in sorted(skipped.items())}
     resolved = {"spec": args.spec, "wheels": wheels, "total_bytes": total, "taken_from_the_image_or_skipped": asked}
     (args.out / "resolved.json").write_text(json.dumps(resolved, indent=1))
+    if args.prune:
+        keep = {w["wheel"] for w in wheels}
+        for stale in sorted(p for p in args.out.glob("*.whl") if p.name not in keep):
+            print(f"not in this resolution, removed from {args.out}: {stale.name}")
+            stale.unlink()
     print(f"{len(wheels)} wheels, {total / 2**20:.0f} MiB in {args.out}")
     return 0
 

@@ -30,23 +30,7 @@ SKIP=(flashinfer-cubin tokenspeed-triton tokenspeed-mla nvidia-cutlass-dsl nvidi
 log() { echo "[make_vllm_parts $(date +%T)] $*"; }
 
 log "resolving and downloading $VLLM (cached in $CACHE)"
-python3 benchmarks/peers/fetch_wheels.py "$VLLM" --out "$CACHE" --skip "${SKIP[@]}" 2>&1 | grep -v "^WARNING: Location"
-# A wheel left in the cache by an earlier spec would be packed too: keep only what resolved.json lists.
-stale=$(python3 - "$CACHE" <<'PY'
-import json, sys
-from pathlib import Path
-cache = Path(sys.argv[1])
-keep = {w["wheel"] for w in json.loads((cache / "resolved.json").read_text())["wheels"]}
-print(" ".join(p.name for p in cache.glob("*.whl") if p.name not in keep))
-PY
-)
-[ -z "$stale" ] || { log "not in this resolution, removed from the cache: $stale"; (cd "$CACHE" && rm -f $stale); }
+python3 benchmarks/peers/fetch_wheels.py "$VLLM" --out "$CACHE" --prune --skip "${SKIP[@]}" 2>&1 | grep -v "^WARNING: Location"
 log "packing into $OUT (xz -$XZ_LEVEL, parts of <= $PART_MIB MiB)"
 python3 benchmarks/peers/pack_parts.py --wheels "$CACHE" --out "$OUT" --spec "$VLLM" --part-mib "$PART_MIB" \
   --xz-level "$XZ_LEVEL" ${KEEP_FA2:+--keep-fa2}
-python3 - "$OUT/MANIFEST.json" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
-print(f"parts: {len(m['parts'])}, total {m['archive_bytes'] / 2**20:.1f} MiB; carry one per call with "
-      f"{sys.argv[1]}: " + " ".join(p["name"] for p in m["parts"]))
-PY

@@ -5,9 +5,9 @@ stored wheels go into one tar, xz compresses it (xz finds far more in CUDA kerne
 a wheel's deflate: FlashAttention-3's 146 MiB library is 37 MiB in the wheel, 10 MiB in xz), and
 the stream is cut into <out>/partNN of at most --part-mib MiB. <out>/MANIFEST.json holds each
 part's sha256 and size, the whole archive's sha256, the wheels and what was stripped (and why).
-On the device, receive_part.sh checks each part as it arrives and install_vllm.sh joins them.
+On the device, receive_part.sh checks each part as it arrives and install_<peer>.sh joins them.
 
-    python benchmarks/peers/pack_parts.py --wheels .gpu/peers/cache/vllm --out .gpu/peers/vllm
+    python benchmarks/peers/pack_parts.py --wheels .gpu/peers/cache/vllm --out .gpu/peers/vllm --spec vllm==0.25.1
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-# What importing vLLM and generating with a dense Llama model in bf16 on an H200 (SM90) never
-# loads; each pattern matches paths inside the wheel. Read from vLLM 0.25.1's sources:
+# What importing the peer and generating with a dense Llama model in bf16 on an H200 (SM90) never
+# loads; each pattern matches paths inside the wheel named by the key. vLLM's rules are read from
+# vLLM 0.25.1's sources, LMDeploy's from LMDeploy 0.18.0's.
 STRIP = {
     "vllm": {
         # FlashAttention-2 kernels. On SM90 vllm/v1/attention/backends/fa_utils.py picks FA3 (FA2 only
@@ -39,6 +40,19 @@ STRIP = {
         "vllm/vllm-rs": "opt-in Rust frontend binary (VLLM_USE_RUST_FRONTEND=1 only)",
         # DeepGEMM's bindings built for the other Python versions (the device runs 3.12).
         "vllm/third_party/deep_gemm/_C.cpython-31[0134]-*.so": "DeepGEMM bindings of other Pythons (device: 3.12)",
+    },
+    "lmdeploy": {
+        # TurboMind, LMDeploy's C++ engine, linked against CUDA 12 (libcudart.so.12, libcublas.so.12):
+        # the device's CUDA 13 cannot load it. lmdeploy/turbomind/__init__.py imports it in a try block
+        # (ImportError, OSError) and then is_available() is False; the PyTorch engine never needs it:
+        # archs.autoget_backend_config returns at once for a PytorchEngineConfig, `lmdeploy serve
+        # api_server --backend pytorch` skips autoget_backend, and pytorch/backends/cuda/awq_modules.py
+        # asks for it only for AWQ weights. The package's Python files stay (they are what says
+        # "not available").
+        "lmdeploy/turbomind/_turbomind.cpython-*.so": "TurboMind (CUDA 12): optional import, unused by PyTorch",
+        "lmdeploy/turbomind/lib/libturbomind_nccl_stub.so": "loaded by TurboMind only",
+        # A static library, for building against TurboMind; nothing loads a .a at run time.
+        "lmdeploy/turbomind/lib64/libxgrammar.a": "static library for builds; never loaded",
     },
 }
 
@@ -81,6 +95,18 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_peer_wheel(wheels: list[Path], spec: str) -> None:
+    """The wheel of the peer that `spec` names must be there when it has strip rules: a rule that
+    never meets its wheel would strip nothing and pass silently."""
+    if not spec:
+        return
+    from packaging.requirements import Requirement
+
+    peer = canonicalize_name(Requirement(spec).name)
+    if peer in STRIP and not any(canonicalize_name(w.name.split("-")[0]) == peer for w in wheels):
+        raise SystemExit(f"{spec}: no {peer} wheel among the {len(wheels)} wheels, so its strip rules match nothing")
+
+
 def pack(wheels: list[Path], out: Path, part_mib: int, xz_level: str, keep_fa2: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("part[0-9][0-9]"):
@@ -117,7 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheels", required=True, type=Path, help="directory of downloaded wheels (fetch_wheels.py)")
     ap.add_argument("--out", required=True, type=Path, help="where partNN and MANIFEST.json go")
-    ap.add_argument("--spec", default="", help="recorded in the manifest, e.g. vllm==0.25.1")
+    ap.add_argument("--spec", default="", help="the peer, recorded in the manifest: vllm==0.25.1, lmdeploy==0.18.0")
     ap.add_argument("--part-mib", type=int, default=56, help="a call carries 64 MiB with the working tree")
     ap.add_argument("--xz-level", default="6", help="xz preset (9 compresses a little more, slower)")
     ap.add_argument("--keep-fa2", action="store_true", help="keep vLLM's FlashAttention-2 library")
@@ -125,12 +151,14 @@ def main() -> int:
     wheels = sorted(args.wheels.glob("*.whl"))
     if not wheels:
         raise SystemExit(f"no wheels in {args.wheels}")
+    check_peer_wheel(wheels, args.spec)
     manifest = {"spec": args.spec, **pack(wheels, args.out, args.part_mib, args.xz_level, args.keep_fa2)}
     (args.out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
     parts = manifest["parts"]
     print(f"{len(wheels)} wheels, {sum(w['download_bytes'] for w in manifest['wheels']) / 2**20:.1f} MiB downloaded; "
           f"archive {manifest['archive_bytes'] / 2**20:.1f} MiB in {len(parts)} parts: "
           + ", ".join(f"{p['name']} {p['bytes'] / 2**20:.1f} MiB" for p in parts))
+    print(f"carry one part per call with {args.out / 'MANIFEST.json'}: " + " ".join(p["name"] for p in parts))
     return 0
 
 

@@ -1,10 +1,10 @@
-"""Our engine and a peer engine (vLLM) side by side on one HF checkpoint: the dummy weights saved
-once as safetensors, the in-process workloads both run the same way (batch-1 decode, offline
-throughput over token ids), and the command that starts each one's OpenAI server.
-benchmarks/peer_suite.py drives them (docs/bench.md, "Peers on the GPU machine").
+"""Our engine and a peer engine (vLLM, or LMDeploy's PyTorch engine) side by side on one HF
+checkpoint: the dummy weights saved once as safetensors, the in-process workloads both run the
+same way (batch-1 decode, offline throughput over token ids), and the command that starts each
+one's OpenAI server. benchmarks/peer_suite.py drives them (docs/bench.md, "Peers on the GPU machine").
 
-A peer is imported only when asked for (`side("vllm", ...)`); when it is not installed the error
-says how to get it onto the GPU machine.
+A peer is imported only when asked for (`make_side("vllm", ...)`); when it is not installed the
+error says how to get it onto the GPU machine.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-PEERS = ("vllm",)
+PEERS = ("vllm", "lmdeploy")
 STAMP = "tritongen_checkpoint.json"
 """Written last into a saved checkpoint: what it holds. A directory without it is incomplete."""
 
@@ -110,15 +110,20 @@ class OursSide:
                 "--port", str(port), *cli_flags({**options, "model": model_dir, "tokenizer": model_dir})]
 
 
-def import_vllm():
+SITES = {"vllm": "/tmp/peer-site", "lmdeploy": "/tmp/peer-site-lmdeploy"}
+"""Where benchmarks/peers/install_<peer>.sh installs each peer on the GPU machine."""
+
+
+def import_peer(peer: str):
+    import importlib
+
     try:
-        import vllm
+        return importlib.import_module(peer)
     except ImportError as exc:
         raise SystemExit(
-            f"--peer vllm: vllm is not importable ({exc}). On the GPU machine build it from the carried "
-            "parts (benchmarks/peers/install_vllm.sh) and put its site first: "
-            "PYTHONPATH=/tmp/peer-site:$PYTHONPATH; here, use --peer none") from exc
-    return vllm
+            f"--peer {peer}: {peer} is not importable ({exc}). On the GPU machine build it from the carried "
+            f"parts (benchmarks/peers/install_{peer}.sh) and put its site first: "
+            f"PYTHONPATH={SITES[peer]}:$PYTHONPATH; here, use --peer none") from exc
 
 
 class VllmSide:
@@ -128,7 +133,7 @@ class VllmSide:
     name = "vllm"
 
     def __init__(self, model_dir: str, dtype: str, seed: int, kwargs: dict) -> None:
-        vllm = import_vllm()
+        vllm = import_peer("vllm")
         self.vllm = vllm
         self.llm = vllm.LLM(model=model_dir, tokenizer=model_dir, dtype=dtype, seed=seed, enable_prefix_caching=False,
                             **kwargs)
@@ -158,6 +163,61 @@ class VllmSide:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--tokenizer",
                 model_dir, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", str(seed),
                 "--no-enable-prefix-caching", *cli_flags(kwargs)]
+
+
+def lmdeploy_engine_config(dtype: str, kwargs: dict) -> dict:
+    """PytorchEngineConfig's arguments: the checkpoint's dtype, prefix caching off, then `kwargs`."""
+    return {"dtype": dtype, "enable_prefix_caching": False, **kwargs}
+
+
+def lmdeploy_flags(options: dict) -> list[str]:
+    """PytorchEngineConfig fields as `lmdeploy serve api_server` flags (same names, dashed). Its
+    switches are store_true only: True gives the flag, False leaves it out (the default)."""
+    return cli_flags({k: v for k, v in options.items() if v is not False})
+
+
+class LmdeploySide:
+    """lmdeploy.pipeline with its PyTorch engine (TurboMind is stripped from the carried wheel) on
+    the checkpoint: same dtype, prefix caching off; `kwargs` adds PytorchEngineConfig fields (what
+    --lmdeploy-kwargs gives, also passed to its server as flags). Greedy and ignore_eos as ours."""
+
+    name = "lmdeploy"
+
+    def __init__(self, model_dir: str, dtype: str, kwargs: dict) -> None:
+        lmdeploy = import_peer("lmdeploy")
+        self.lmdeploy = lmdeploy
+        engine = lmdeploy.PytorchEngineConfig(**lmdeploy_engine_config(dtype, kwargs))
+        self.pipe = lmdeploy.pipeline(model_dir, backend_config=engine, log_level="WARNING")
+        self.config = {"version": lmdeploy.__version__, "backend": "pytorch", **kwargs,
+                       "max_batch_size": engine.max_batch_size, "session_len": engine.session_len,
+                       "block_size": engine.block_size, "cache_max_entry_count": engine.cache_max_entry_count}
+
+    def generate(self, prompts: list[list[int]], output_lens: list[int]) -> list[int]:
+        """Token-id prompts go in as `input_ids`: Pipeline.infer passes only messages, so this feeds
+        Pipeline._infer the requests infer would build (LMDeploy 0.18.0), one session each."""
+        gens = [self.lmdeploy.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, ignore_eos=True)
+                for n in output_lens]
+        requests = [{"session_id": self.pipe.session_mgr.get(), "messages": None, "input_ids": list(p),
+                     "gen_config": g, "stream_response": False} for p, g in zip(prompts, gens)]
+        counts = []
+        for stream in self.pipe._infer(iter(requests), multiplex=False):
+            res = None
+            for out in stream:
+                res = res.extend(out) if res else out
+            if res is None or res.finish_reason == "error":
+                raise RuntimeError(f"lmdeploy: request {len(counts)} failed: {getattr(res, 'error_message', None)}")
+            counts.append(res.generate_token_len)
+        return counts
+
+    def close(self) -> None:
+        self.pipe.close()  # stops the engine loop and frees its cache
+        del self.pipe
+
+    @staticmethod
+    def server_command(model_dir: str, port: int, dtype: str, kwargs: dict) -> list[str]:
+        return [sys.executable, "-m", "lmdeploy", "serve", "api_server", model_dir, "--backend", "pytorch",
+                "--server-name", "127.0.0.1", "--server-port", str(port), "--log-level", "WARNING",
+                *lmdeploy_flags(lmdeploy_engine_config(dtype, kwargs))]
 
 
 # -- workloads, the same code for both --------------------------------------------------------------
@@ -207,6 +267,8 @@ def make_side(name: str, plan: dict):
         return OursSide(plan["model_dir"], plan["ours_options"])
     if name == "vllm":
         return VllmSide(plan["model_dir"], plan["dtype"], plan["seed"], plan["vllm_kwargs"])
+    if name == "lmdeploy":
+        return LmdeploySide(plan["model_dir"], plan["dtype"], plan["lmdeploy_kwargs"])
     raise ValueError(f"unknown side {name!r}; choose from {OursSide.name}, {', '.join(PEERS)}")
 
 
@@ -232,7 +294,7 @@ def _env() -> dict:
     import platform
 
     info = {"python": platform.python_version(), "pythonpath": os.environ.get("PYTHONPATH", "")}
-    for pkg in ("torch", "transformers", "triton", "vllm"):
+    for pkg in ("torch", "transformers", "triton", *PEERS):
         mod = sys.modules.get(pkg)
         info[pkg] = getattr(mod, "__version__", None) if mod else None
     torch = sys.modules.get("torch")
@@ -245,5 +307,5 @@ def check_available(peer: str) -> None:
     """Fail at once, with the way to install it, when `peer` is not importable (nothing imported)."""
     import importlib.util
 
-    if peer == "vllm" and importlib.util.find_spec("vllm") is None:
-        import_vllm()
+    if peer in PEERS and importlib.util.find_spec(peer) is None:
+        import_peer(peer)

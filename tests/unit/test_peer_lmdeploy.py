@@ -1,0 +1,133 @@
+"""LMDeploy as a peer: pack_parts.py strips TurboMind's libraries from the lmdeploy wheel and keeps
+its Python (turbomind/__init__.py is what reports it unavailable), a rule that matches nothing or a
+missing lmdeploy wheel stops the build, install_parts.sh takes the parts to an importable
+--target site offline, and bench/peers.py builds LMDeploy's engine config and server command."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = ROOT / "benchmarks" / "peers"
+WHEEL = "lmdeploy-0.18.0-py3-none-any.whl"
+TURBOMIND_INIT = '''
+_import_error = None
+try:
+    from . import _turbomind as _tm
+except (ImportError, OSError) as error:
+    _tm = None
+    _import_error = error
+
+
+def is_available():
+    return _tm is not None
+'''
+
+
+def _pack_parts():
+    spec = importlib.util.spec_from_file_location("pack_parts", PEERS / "pack_parts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_lmdeploy_wheel(path: Path, with_stub: bool = True) -> None:
+    """lmdeploy's layout in small: the package, TurboMind's Python and its libraries, a RECORD."""
+    files = {"lmdeploy/__init__.py": "__version__ = '0.18.0'\n", "lmdeploy/turbomind/__init__.py": TURBOMIND_INIT,
+             "lmdeploy/turbomind/turbomind.py": "x = 1\n", "lmdeploy/pytorch/__init__.py": "",
+             "lmdeploy/turbomind/_turbomind.cpython-312-x86_64-linux-gnu.so": "ELF?",
+             "lmdeploy/turbomind/lib64/libxgrammar.a": "!<arch>"}
+    if with_stub:
+        files["lmdeploy/turbomind/lib/libturbomind_nccl_stub.so"] = "ELF?"
+    meta = "Metadata-Version: 2.1\nName: lmdeploy\nVersion: 0.18.0\n"
+    wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files.update({"lmdeploy-0.18.0.dist-info/METADATA": meta, "lmdeploy-0.18.0.dist-info/WHEEL": wheel})
+    record = "".join(f"{n},,\n" for n in files) + "lmdeploy-0.18.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("lmdeploy-0.18.0.dist-info/RECORD", record)
+
+
+def test_strip_rules_keep_turbomind_python_and_fail_when_unmatched(tmp_path: Path) -> None:
+    pack_parts = _pack_parts()
+    _fake_lmdeploy_wheel(tmp_path / WHEEL)
+    rules = pack_parts.strip_rules(tmp_path / WHEEL, keep_fa2=False)
+    gone = pack_parts.rewrite_stored(tmp_path / WHEEL, tmp_path / "stored.whl", rules)
+    assert sorted(gone) == ["lmdeploy/turbomind/_turbomind.cpython-312-x86_64-linux-gnu.so",
+                            "lmdeploy/turbomind/lib/libturbomind_nccl_stub.so", "lmdeploy/turbomind/lib64/libxgrammar.a"]
+    with zipfile.ZipFile(tmp_path / "stored.whl") as z:
+        assert {"lmdeploy/turbomind/__init__.py", "lmdeploy/turbomind/turbomind.py"} <= set(z.namelist())
+        assert "libxgrammar" not in z.read("lmdeploy-0.18.0.dist-info/RECORD").decode()
+
+    (tmp_path / "new").mkdir()  # a release without one of the stripped files: look at its sources again
+    _fake_lmdeploy_wheel(tmp_path / "new" / WHEEL, with_stub=False)
+    with pytest.raises(SystemExit, match="strip rules match no file"):
+        pack_parts.rewrite_stored(tmp_path / "new" / WHEEL, tmp_path / "stored2.whl", rules)
+    with pytest.raises(SystemExit, match="no lmdeploy wheel"):
+        pack_parts.check_peer_wheel([tmp_path / "other-1.0-py3-none-any.whl"], "lmdeploy==0.18.0")
+    pack_parts.check_peer_wheel([tmp_path / WHEEL], "lmdeploy==0.18.0")
+
+
+def test_parts_install_offline_into_a_target_site(tmp_path: Path) -> None:
+    if not shutil.which("xz"):
+        pytest.skip("xz not installed")
+    pack_parts = _pack_parts()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_lmdeploy_wheel(wheels / WHEEL)
+    repo = tmp_path / "repo"
+    shutil.copytree(PEERS, repo / "benchmarks" / "peers")
+    out = repo / ".gpu" / "peers" / "lmdeploy"
+    manifest = pack_parts.pack(sorted(wheels.glob("*.whl")), out, part_mib=56, xz_level="0", keep_fa2=False)
+    (out / "MANIFEST.json").write_text(json.dumps(manifest))
+    assert [p["name"] for p in manifest["parts"]] == ["part00"]
+    site, stash = tmp_path / "site", tmp_path / "stash"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable}
+    cmd = ["bash", str(repo / "benchmarks/peers/install_parts.sh"), str(out), str(site), str(stash)]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.strip().splitlines()[-1] == f"installed: {site}"
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert again.stdout.strip().splitlines()[-1] == f"already installed: {site}"
+    check = subprocess.run([sys.executable, "-c", "from lmdeploy import turbomind; print(turbomind.is_available(), "
+                            "type(turbomind._import_error).__name__)"], capture_output=True, text=True,
+                           env={**env, "PYTHONPATH": str(site)})
+    assert check.stdout.split() == ["False", "ImportError"], check.stderr
+
+
+def test_lmdeploy_side_commands_and_missing_peer_message() -> None:
+    from tritongen.bench import peers
+
+    assert "lmdeploy" in peers.PEERS
+    config = peers.lmdeploy_engine_config("bfloat16", {"max_batch_size": 256, "eager_mode": True})
+    assert config == {"dtype": "bfloat16", "enable_prefix_caching": False, "max_batch_size": 256, "eager_mode": True}
+    cmd = peers.LmdeploySide.server_command("/ckpt", 8123, "bfloat16", {"max_batch_size": 256, "eager_mode": True})
+    assert cmd[1:6] == ["-m", "lmdeploy", "serve", "api_server", "/ckpt"]
+    assert cmd[cmd.index("--backend") + 1] == "pytorch" and cmd[cmd.index("--server-port") + 1] == "8123"
+    assert cmd[cmd.index("--server-name") + 1] == "127.0.0.1" and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--max-batch-size") + 1] == "256" and "--eager-mode" in cmd
+    assert not any("prefix-caching" in c for c in cmd)  # store_true flags: False is the default, no --no-*
+    if importlib.util.find_spec("lmdeploy") is None:
+        with pytest.raises(SystemExit, match="install_lmdeploy.sh.*peer-site-lmdeploy"):
+            peers.check_available("lmdeploy")
+
+
+def test_peer_suite_builds_lmdeploy_server_command() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = peer_suite.parse_args(["--peer", "lmdeploy", "--sides", "peer", "--dtype", "bfloat16",
+                                  "--lmdeploy-kwargs", '{"max_batch_size": 128}'])
+    assert args.sides == ["lmdeploy"] and "lmdeploy_kwargs" in peer_suite.settings(args, {})
+    cmd = peer_suite.server_command("lmdeploy", "/ckpt", 9001, {}, args)
+    assert cmd[cmd.index("--max-batch-size") + 1] == "128" and cmd[cmd.index("--server-port") + 1] == "9001"
