@@ -37,3 +37,17 @@ python3 benchmarks/peers/fetch_wheels.py "$LMDEPLOY" --out "$CACHE" --prune --sk
 log "packing into $OUT (xz -$XZ_LEVEL, parts of <= $PART_MIB MiB)"
 python3 benchmarks/peers/pack_parts.py --wheels "$CACHE" --out "$OUT" --spec "$LMDEPLOY" --part-mib "$PART_MIB" \
   --xz-level "$XZ_LEVEL"
+# Check the parts as the device will use them, without its Python: install them offline into a
+# scratch --target for CPython 3.12 / manylinux, then read (not import) what the PyTorch engine's
+# and the server's modules import: nothing of the stripped TurboMind library outside a try block,
+# and nothing that is neither in the site, nor in the image, nor the standard library.
+check=$(mktemp -d /tmp/lmdeploy-check.XXXXXX)
+trap 'rm -rf "$check"' EXIT
+PIP_TARGET_ARGS="--python-version 3.12 --implementation cp --abi cp312 --only-binary=:all: --platform any
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64" \
+  PYTHON=python3 bash benchmarks/peers/install_parts.sh "$OUT" "$check/site" "$check/stash" > /dev/null
+python3 benchmarks/peers/check_site_imports.py "$check/site" --forbid lmdeploy.turbomind._turbomind \
+  --roots lmdeploy lmdeploy.pipeline lmdeploy.pytorch.engine.engine lmdeploy.pytorch.engine.model_agent.agent \
+  lmdeploy.pytorch.models.llama lmdeploy.pytorch.backends.cuda.op_backend lmdeploy.serve.openai.api_server \
+  lmdeploy.cli.entrypoint
+log "carry $OUT/MANIFEST.json with $(python3 -c 'import json, sys; print(" ".join(p["name"] for p in json.load(open(sys.argv[1]))["parts"]))' "$OUT/MANIFEST.json"), then run install_lmdeploy.sh there"

@@ -131,3 +131,23 @@ def test_peer_suite_builds_lmdeploy_server_command() -> None:
     assert args.sides == ["lmdeploy"] and "lmdeploy_kwargs" in peer_suite.settings(args, {})
     cmd = peer_suite.server_command("lmdeploy", "/ckpt", 9001, {}, args)
     assert cmd[cmd.index("--max-batch-size") + 1] == "128" and cmd[cmd.index("--server-port") + 1] == "9001"
+
+
+def test_check_site_imports_tells_guarded_from_unguarded(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("check_site_imports", PEERS / "check_site_imports.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    site = tmp_path / "site"
+    files = {"pkg/__init__.py": "from . import engine\n", "pkg/turbo/__init__.py": TURBOMIND_INIT,
+             "pkg/engine.py": "import json\nimport numpy\nfrom pkg import turbo\ntry:\n    import absent_a\n"
+                              "except ImportError:\n    pass\nif sys.version_info < (3, 11):\n    import tomli\n"
+                              "def later():\n    import absent_b\n",
+             "pkg/bad.py": "from pkg.turbo import _turbomind\nimport absent_c\n",
+             "pkg/optional.py": "try:\n    from pkg import bad\nexcept ImportError:\n    bad = None\n"}
+    for name, text in files.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    ok = mod.walk(site, ["pkg", "pkg.optional"], ["pkg.turbo._turbomind"], known={"numpy"})
+    assert ok["forbidden"] == [] and ok["missing"] == {}  # bad is reached only through a try block
+    out = mod.walk(site, ["pkg", "pkg.bad"], ["pkg.turbo._turbomind"], known={"numpy"})
+    assert out["forbidden"] == ["pkg.bad imports pkg.turbo._turbomind"] and out["missing"] == {"absent_c": "pkg.bad"}
