@@ -30,7 +30,10 @@ def test_malformed_corpus_every_triton_path_is_a_named_client_error(triton):
 
 def test_cancel_storm_every_path_no_hang_no_leak_no_crossed_answers(triton):
     paths = ("triton-grpc-stream", "triton-grpc-unary", "triton-sse", "triton-generate")
-    report = asyncio.run(soak.cancel_storm(urls(triton), paths, num_requests=240, concurrency=24, max_tokens=12))
+    # A request here takes ~0.25 s: cancels within 0.2 s land (before the first token or mid-stream),
+    # so ~30 % of the 240 are cancelled whatever the machine's speed within a few times this one's.
+    report = asyncio.run(soak.cancel_storm(urls(triton), paths, num_requests=240, concurrency=24, max_tokens=12,
+                                           max_cancel_delay_s=0.2))
     assert report.hangs == 0 and report.errors == [] and report.mismatched == []
     assert report.cancelled >= 20 and report.completed >= 100
     assert set(report.by_path) == set(paths)
