@@ -291,48 +291,6 @@ def test_fuse_projections_keeps_outputs_and_checkpoint_names(preset: str) -> Non
         torch.testing.assert_close(fused(ids, pos, kv(), meta), plain(ids, pos, kv(), meta), atol=1e-5, rtol=1e-5)
 
 
-def test_triton_server_smoke(tmp_path) -> None:
-    """Baichuan (the seed deployment's family) and Gemma 2 behind one real tritonserver (CPU,
-    127.0.0.1, one decoupled engine model each, their BLS fronts left unloaded): greedy /generate
-    equals LLM.generate. The Triton adapters are family-agnostic, and each model costs a stub
-    (~10-20 s to load on two cores), so the other families are served by the OpenAI smoke only."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "triton"))
-    from triton_helpers import TINY, free_ports, generate, port_is_free
-
-    try:
-        from tritongen.triton.launcher import TritonServer, find_tritonserver
-
-        find_tritonserver()
-    except (FileNotFoundError, ImportError):
-        pytest.skip("tritonserver (nvidia-pytriton) is not installed")
-    from tritongen.triton.repo import write_repository
-
-    served = ("tiny-baichuan", "tiny-gemma2")
-    options = {p: {**TINY, "model": f"dummy:{p}", "num_blocks": 64} for p in served}
-    for preset, opts in options.items():
-        write_repository(tmp_path / "repo", opts, name=preset)
-    ports = free_ports(3)
-    server = TritonServer(tmp_path / "repo", http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                          log_file=tmp_path / "server.log", model_control="explicit", load_models=list(served),
-                          exit_timeout_s=10)
-    server.start()
-    prompt = "The capital of France is"
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    try:
-        server.wait_ready(timeout=float(os.environ.get("TRITONGEN_TEST_READY_TIMEOUT", "300")))
-        for preset, opts in options.items():
-            want = LLM(**opts).generate([prompt], params)[0]
-            body = {"text_input": prompt, "max_tokens": 6, "temperature": 0.0, "ignore_eos": True,
-                    "exclude_input_in_output": True}
-            assert generate(server.http_url, preset, body)["text_output"] == want.text, preset
-    finally:
-        server.stop()
-    assert server.process.poll() is not None and all(port_is_free(p) for p in ports)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("preset", DENSE_PRESETS)
 def test_cuda_engine_matches_reference(preset: str, default_model_dir, tmp_path) -> None:

@@ -26,7 +26,7 @@ from tritongen.models.registry import get_model_class
 from tritongen.parallel.tensor_parallel import validate_tensor_parallel
 
 transformers = pytest.importorskip("transformers")
-from family_checks import MAX_TOKENS, check_batch, check_engine, hf_config, random_prompts  # noqa: E402
+from family_checks import MAX_TOKENS, check_batch, check_engine, check_openai_chat, hf_config, random_prompts  # noqa: E402
 
 FAMILIES = {"Qwen3ForCausalLM": "tiny-qwen3", "GPT2LMHeadModel": "tiny-gpt2", "BloomForCausalLM": "tiny-bloom"}
 
@@ -152,3 +152,9 @@ def test_cuda_engine_matches_hf(family, default_model_dir) -> None:
 def test_unsupported_options_are_refused_by_name(preset: str, change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelArch.from_hf_config({**PRESETS[preset], **change})
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES.values()))
+def test_openai_server_chat_smoke(preset: str, default_model_dir) -> None:
+    """Qwen3, GPT-2 and Bloom behind the real OpenAI server: a greedy chat through the tokenizer's template."""
+    check_openai_chat(preset, default_model_dir)
