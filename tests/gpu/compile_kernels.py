@@ -28,6 +28,7 @@ from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
 from tritongen.ops import triton_fp8 as tf8  # noqa: E402
+from tritongen.ops import triton_fp8_quant as tfq  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
 from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
@@ -41,7 +42,8 @@ INT_ARGS = {"N"}  # a size, though upper-case
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
          "_fp8_weight_gemm": {"M", "N", "K"}}
 # per kernel: pointers of another type than the activations'
-POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"}}
+POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
+                 "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
                       "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
@@ -154,6 +156,9 @@ def configs() -> list[tuple]:
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         if dtype == "bf16":
             out += _fp8_configs()
+            for c in map(tfq.launch_config, (4096, 8192, 11008)):  # per-token fp8 quantization: one block, looped
+                out.append((tfq._quantize_tokens_kernel, dtype, dict(BLOCK_K=c["BLOCK_K"], ONE_BLOCK=c["ONE_BLOCK"]),
+                            dict(num_warps=c["num_warps"])))
     return out
 
 
