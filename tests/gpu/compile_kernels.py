@@ -40,7 +40,7 @@ INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
-         "_fp8_weight_gemm": {"M", "N", "K"}}
+         "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"}}
@@ -52,7 +52,8 @@ FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART", "SLOPE
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "COUNT", "EPOCH"}
 # kernels whose last program reduces the splits' partials -> the constexpr that counts the splits
-LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS"}
+LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS",
+                        "_fp8_weight_gemm": "SPLIT_K"}
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -164,16 +165,17 @@ def configs() -> list[tuple]:
 
 def _fp8_configs() -> list[tuple]:
     """The FP8 weight-only kernel: every tiling candidate, decode and prefill row tiles (decode only
-    for per-tensor scales), each scale layout (block: 128 x 128, the published checkpoints' size)."""
+    for per-tensor scales, and for split-K: select_configs picks them for decode row buckets only),
+    each scale layout (block: 128 x 128, the published checkpoints' size)."""
     out = []
     for kind, scales in (("channel", Fp8Scales("channel")), ("tensor", Fp8Scales("tensor")),
                          ("block", Fp8Scales("block", (128, 128)))):
         for c in tf8.candidates(scales):
-            for block_m in (16, 64) if kind != "tensor" else (16,):
+            for block_m in (16, 64) if kind != "tensor" and c["SPLIT_K"] == 1 else (16,):
                 out.append((tf8._fp8_weight_gemm, "bf16", dict(
                     SCALE_KIND=tf8._KIND[kind], SCALE_BN=128 if kind == "block" else 1,
                     SCALE_BK=128 if kind == "block" else 1, HAS_BIAS=kind == "channel" and block_m == 16,
-                    BLOCK_M=block_m, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], IEEE=False),
+                    BLOCK_M=block_m, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], SPLIT_K=c["SPLIT_K"], IEEE=False),
                     dict(num_warps=c["num_warps"])))
     return out
 

@@ -64,6 +64,54 @@ def test_every_candidate_tiling_matches_the_reference(scales):
         torch.testing.assert_close(fp8_linear(x, q, s, scales, config=cfg), want, rtol=1e-4, atol=1e-4)
 
 
+SPLIT_LAYOUTS = [Fp8Scales("channel"), Fp8Scales("tensor"), Fp8Scales("block", (128, 128)),
+                 Fp8Scales("block", (64, 256))]  # 64 x 256: splits of 128 cover half a scale block
+
+
+@pytest.mark.parametrize("scales", SPLIT_LAYOUTS, ids=lambda s: f"{s.kind}{s.block or ''}")
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("n, k", [(96, 1024), (80, 1000)])  # 1000: no split's end on a BLOCK_K * SPLIT_K edge
+def test_split_k_candidates_match_the_weight_only_reference(scales, rows, n, k):
+    from tritongen.ops.triton_fp8 import candidates
+
+    torch.manual_seed(rows + k)
+    w = torch.randn(n, k, device=DEVICE) * torch.linspace(0.01, 1.0, n, device=DEVICE)[:, None]
+    q, s = quantize_weight(w, scales)
+    x = torch.randn(rows, k, device=DEVICE)
+    b = torch.randn(n, device=DEVICE) if scales.kind == "channel" else None
+    want = fp8_linear_ref(x, q, s, scales, b, dynamic=False)
+    split = [c for c in candidates(scales, k) if c["SPLIT_K"] > 1]
+    assert {c["SPLIT_K"] for c in split} == {2, 4, 8}
+    for cfg in split:
+        got = fp8_linear(x, q, s, scales, b, config=cfg)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+
+
+def test_split_k_reduces_in_a_fixed_order_and_leaves_the_counters_at_zero():
+    from tritongen.ops import triton_gemv
+
+    torch.manual_seed(0)
+    scales = Fp8Scales("block", (128, 128))
+    q, s = quantize_weight(torch.randn(200, 1000, device=DEVICE), scales)
+    x = torch.randn(40, 1000, device=DEVICE)  # 40 rows: several M tiles, each N tile's counter per M tile
+    cfg = {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": 4}
+    first = fp8_linear(x, q, s, scales, config=cfg)
+    torch.testing.assert_close(first, fp8_linear_ref(x, q, s, scales, dynamic=False), rtol=1e-4, atol=1e-4)
+    assert torch.equal(first, fp8_linear(x, q, s, scales, config=cfg))
+    assert not triton_gemv.split_workspace(x.device, 0, 0)[1].any()
+
+
+def test_candidates_leave_out_splits_with_no_k_to_cover():
+    from tritongen.ops.triton_fp8 import CONFIGS, candidates
+
+    assert len(CONFIGS) == 18 and {c["SPLIT_K"] for c in CONFIGS} == {1, 2, 4, 8}
+    # K = 256 in 128-deep steps is two steps: 4 or 8 splits would leave splits empty
+    assert {c["SPLIT_K"] for c in candidates(Fp8Scales("channel"), 256)} == {1, 2}
+    assert {c["SPLIT_K"] for c in candidates(Fp8Scales("channel"), 4096)} == {1, 2, 4, 8}
+    assert all(128 % c["BLOCK_K"] == 0 and 128 % c["BLOCK_N"] == 0
+               for c in candidates(Fp8Scales("block", (128, 128)), 4096))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")
 def test_select_configs_gives_each_layer_a_tiling_per_row_bucket():
     from tritongen.ops.fp8 import Fp8Linear

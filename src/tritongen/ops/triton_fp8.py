@@ -8,6 +8,14 @@ and streams its [BLOCK_N, K] slab of q once; the scales are applied per K block 
 one scale per tile of the weight, constant over a program's BLOCK_N x BLOCK_K piece because
 BLOCK_N and BLOCK_K divide the checkpoint's block) or once at the end ("channel", "tensor").
 
+Split-K (SPLIT_K > 1): shapes with few N tiles (o_proj 4096 x 4096 in 64-column tiles: 64 programs
+on 132 SMs) give each tile SPLIT_K programs over BLOCK_K-aligned slices of K. Each writes its
+float32 partial (block scales already applied per K block) to the shared split workspace, and the
+last of the tile's programs to arrive sums them in split order, then applies per-channel /
+per-tensor scales and the bias once: triton_gemv's split_k_sum and split_workspace, the same
+deterministic, CUDA-graph-safe reduction as the bf16 skinny GEMM. SPLIT_K == 1 is the plain single
+pass. Split configurations are more candidates for select_configs, used where measured faster.
+
 ops.fp8.fp8_linear_ref(dynamic=False) is the reference; tests/gpu/test_triton_fp8.py checks this
 kernel against it on CUDA and, with TRITON_INTERPRET=1, on the CPU.
 """
@@ -20,17 +28,29 @@ import triton
 import triton.language as tl
 
 from tritongen.ops.fp8_scales import Fp8Scales
+from tritongen.ops.triton_gemv import split_k_sum, split_workspace
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
 
 
 @triton.jit
-def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, stride_sn,
-                     SCALE_KIND: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+def _fp8_weight_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+                     stride_sn, SCALE_KIND: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). SPLIT_K == 1: one pass over K, straight to
+    # Y (PART, COUNTS, K_PER_SPLIT unused). SPLIT_K > 1: split program_id(2) covers
+    # [split * K_PER_SPLIT, +K_PER_SPLIT) of K (K_PER_SPLIT a multiple of BLOCK_K, so every BLOCK_K
+    # piece still lies in one block of "block" scales) and the last split of the tile reduces
+    # (triton_gemv.split_k_sum), then applies the epilogue.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(2) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
@@ -38,7 +58,7 @@ def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, st
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
     x_rows = X + m[:, None].to(tl.int64) * stride_xm
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -53,6 +73,18 @@ def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, st
             acc += part * s
         else:
             acc += part
+    if SPLIT_K == 1:
+        _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
+    else:
+        total, last = split_k_sum(acc, PART, COUNTS, pid_m * tl.num_programs(0) + pid_n, tl.program_id(2), m_ok,
+                                  BLOCK_M, BLOCK_N, SPLIT_K)
+        if last:
+            _fp8_epilogue(total, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
+
+
+@triton.jit
+def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Per-channel / per-tensor scales once on the full sum over K (block scales are in acc already).
     if SCALE_KIND == 0:
         acc = acc * tl.load(S + n, mask=n_ok, other=0.0)[None, :]
     elif SCALE_KIND == 1:
@@ -63,9 +95,14 @@ def _fp8_weight_gemm(X, W, S, B, Y, M, N, K, stride_xm, stride_wn, stride_ym, st
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w}
-                for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4))
-"""Tile candidates of the decode-sized product; select_configs times them per layer shape."""
+CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "SPLIT_K": 1}
+                for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4)) + \
+    tuple({"BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": sk} for bn in (32, 64) for sk in (2, 4, 8))
+"""Tile candidates of the decode-sized product; select_configs times them per layer shape. The
+single-pass tilings, then split-K ones (2/4/8 programs per N tile over slices of K, for shapes with
+few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs). 18 candidates, so
+the load-time selection compiles up to 18 variants per scale layout and dtype and times
+18 x 3 row buckets CUDA graphs per distinct layer shape (a few ms each)."""
 ROW_BUCKETS = (1, 8, 16)
 
 
@@ -73,18 +110,29 @@ def row_bucket(rows: int) -> int:
     return next(b for b in ROW_BUCKETS if rows <= b) if rows <= ROW_BUCKETS[-1] else 0
 
 
-def candidates(scales: Fp8Scales) -> list[dict]:
-    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block)."""
-    if scales.kind != "block":
-        return list(CONFIGS)
-    bn, bk = scales.block
-    return [c for c in CONFIGS if bn % c["BLOCK_N"] == 0 and bk % c["BLOCK_K"] == 0]
+def candidates(scales: Fp8Scales, k: Optional[int] = None) -> list[dict]:
+    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block) and, given
+    the weight's K, without split-K configurations that would leave a split no K to cover. A
+    split's slice of K is a multiple of BLOCK_K, which divides the scale block's K side, so block
+    scales need no further restriction (each BLOCK_K piece of a split lies in one scale block)."""
+    configs = list(CONFIGS)
+    if scales.kind == "block":
+        bn, bk = scales.block
+        configs = [c for c in configs if bn % c["BLOCK_N"] == 0 and bk % c["BLOCK_K"] == 0]
+    if k is not None:
+        configs = [c for c in configs if triton.cdiv(k, _k_per_split(k, c["SPLIT_K"], c["BLOCK_K"])) == c["SPLIT_K"]]
+    return configs
 
 
-def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int, int, int]:
+def _k_per_split(k: int, split_k: int, block_k: int) -> int:
+    """Each split's slice of K: K / split_k rounded up to whole BLOCK_K steps (the last may be shorter)."""
+    return triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+
+
+def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int, int, int, int]:
     block_m = 16 if m <= 16 else 64
     if config is not None:
-        return block_m, config["BLOCK_N"], config["BLOCK_K"], config["num_warps"]
+        return block_m, config["BLOCK_N"], config["BLOCK_K"], config["num_warps"], config.get("SPLIT_K", 1)
     block_n, block_k = 64, 128
     if scales.kind == "block":
         bn, bk = scales.block
@@ -93,7 +141,7 @@ def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int
         if any(b < 16 or b & (b - 1) for b in (block_n, block_k)) or bn % block_n or bk % block_k:
             raise ValueError(f"fp8 block scales of {scales.block} are not supported by the Triton kernel "
                              "(each side must be a power of two of at least 16, e.g. 128 x 128)")
-    return block_m, block_n, block_k, 4
+    return block_m, block_n, block_k, 4, 1
 
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
@@ -110,24 +158,31 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*shape[:-1], n)
-    block_m, block_n, block_k, warps = _blocks(scales, m, config)
+    block_m, block_n, block_k, warps, split_k = _blocks(scales, m, config)
     s = scale.float() if scale.dtype != torch.float32 else scale
     bn, bk = scales.block or (1, 1)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
+    part = counts = None  # SPLIT_K == 1 never touches them
+    if split_k > 1:
+        tiles = grid[0] * grid[1]
+        part, counts = split_workspace(x.device, tiles * split_k * block_m * block_n, tiles)
     _fp8_weight_gemm[grid](
-        x2, q, s, bias if bias is not None else s, y, m, n, k, x2.stride(0), q.stride(0), y.stride(0),
-        s.stride(0) if s.dim() == 2 else 0,
+        x2, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
+        x2.stride(0), q.stride(0), y.stride(0), s.stride(0) if s.dim() == 2 else 0,
         SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
         num_warps=warps)
     return y.reshape(*shape[:-1], n)
 
 
 @torch.inference_mode()
 def select_configs(layers: list, dtype: torch.dtype) -> dict[tuple, dict]:
-    """Time every candidate tiling on the layers' own weights, per (N, K, scale layout) and row
-    bucket, in CUDA graphs (no launch overhead, as decode runs); each layer keeps its shape's
-    fastest in `layer.kernel_configs` {row bucket: config}. Called once at load, before capture.
+    """Time every candidate tiling (candidates(scales, K)) on the layers' own weights, per
+    (N, K, scale layout) and row bucket, in CUDA graphs (no launch overhead, as decode runs); each
+    layer keeps its shape's fastest in `layer.kernel_configs` {row bucket: config}. Called once at
+    load, before capture: graph_time_us runs each candidate eagerly first, which also grows the
+    shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
+    never allocates. A layout without candidates keeps the default tiling.
     Returns {(N, K, kind, rows): (config, microseconds)}."""
     from tritongen.ops.triton_gemv import graph_time_us
 
@@ -136,16 +191,17 @@ def select_configs(layers: list, dtype: torch.dtype) -> dict[tuple, dict]:
         groups.setdefault((*layer.weight.shape, layer.scales), []).append(layer)
     made = {}
     for (n, k, scales), group in groups.items():
+        configs = candidates(scales, k)
+        if not configs:
+            continue
         chosen = {}
         for rows in ROW_BUCKETS:
             x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-            times = []
-            for cfg in candidates(scales):
-                times.append(graph_time_us(
-                    lambda layer, cfg=cfg: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, cfg),
-                    group))
+            times = [graph_time_us(
+                lambda layer, cfg=cfg: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, cfg),
+                group) for cfg in configs]
             best = min(range(len(times)), key=times.__getitem__)
-            chosen[rows] = candidates(scales)[best]
+            chosen[rows] = configs[best]
             made[(n, k, scales.kind, rows)] = (chosen[rows], times[best])
         for layer in group:
             layer.kernel_configs = dict(chosen)

@@ -96,23 +96,38 @@ def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
 @triton.jit
 def _split_k_reduce(acc, PART, COUNTS, y_ptrs, pid_n, m_ok, n_ok,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    # N tile pid_n owns PART[pid_n * SPLIT_K : (pid_n + 1) * SPLIT_K] (fp32 [BLOCK_M, BLOCK_N] tiles,
-    # rows past M never written nor read) and the counter COUNTS[pid_n], zero between launches.
-    tiles = PART + pid_n * SPLIT_K * BLOCK_M * BLOCK_N + \
+    # Split tl.program_id(1) of N tile pid_n; the last to arrive stores the sum as y.
+    total, last = split_k_sum(acc, PART, COUNTS, pid_n, tl.program_id(1), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
+    if last:
+        tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def split_k_sum(acc, PART, COUNTS, tile, split, m_ok,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """(total, last) for split `split` of output tile `tile`, whose partial is acc (float32
+    [BLOCK_M, BLOCK_N]): last is true in exactly one of the tile's SPLIT_K programs, the last to
+    arrive, and there total is the sum of all the tile's partials in split order 0..SPLIT_K-1
+    (elsewhere zeros). The caller stores y (after its epilogue) only where last. Shared by every
+    kernel whose last program reduces (the skinny GEMM, the FP8 weight-only GEMM)."""
+    # Tile `tile` owns PART[tile * SPLIT_K : (tile + 1) * SPLIT_K] (fp32 [BLOCK_M, BLOCK_N] tiles,
+    # rows past M never written nor read) and the counter COUNTS[tile], zero between launches.
+    tiles = PART + tile * SPLIT_K * BLOCK_M * BLOCK_N + \
         tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    tl.store(tiles + tl.program_id(1) * BLOCK_M * BLOCK_N, acc, mask=m_ok[:, None])
+    tl.store(tiles + split * BLOCK_M * BLOCK_N, acc, mask=m_ok[:, None])
     # Every thread of the program has stored before one thread's gpu-scope release publishes them
     # (CUTLASS's semaphore pattern: bar.sync, then a release atomic); the acquire half makes the
     # other programs' partials visible to the last one.
     tl.debug_barrier()
-    arrived = tl.atomic_add(COUNTS + pid_n, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:
+    arrived = tl.atomic_add(COUNTS + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if last:
         # Fixed order 0..SPLIT_K-1, whichever program came last: bitwise the same every run.
-        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for s in tl.static_range(SPLIT_K):
             total += tl.load(tiles + s * BLOCK_M * BLOCK_N, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
-        tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-        tl.store(COUNTS + pid_n, 0)  # the next launch (a graph replay too) starts from zero
+        tl.store(COUNTS + tile, 0)  # the next launch (a graph replay too) starts from zero
+    return total, last
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
