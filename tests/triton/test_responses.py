@@ -1,6 +1,6 @@
 """The llm model's send side (triton/responses.py) against the fake pb_utils: the tensor cache
 hands back a tensor only once it was sent, never caches what does not repeat, and stays bounded;
-metric updates are applied before the send they ride with; send_on reports the send's outcome."""
+metric updates are deferred, then flushed with counters summed; send_on reports the send's outcome."""
 import asyncio
 import threading
 
@@ -40,6 +40,19 @@ def test_a_tensor_is_reused_only_after_it_was_sent():
     assert cache.take_fresh() == []
 
 
+@pytest.mark.parametrize("batch_dim", [False, True])
+def test_a_text_tensor_is_the_one_make_response_builds(batch_dim):
+    cache = TensorCache(pb)
+    sent = codec.make_response(streamed(" fox", [5]), parsed(), cache, batch_dim=batch_dim)
+    assert cache.text("text_output", " fox", batch_dim) is not sent.output_tensors()[0]  # not sent yet
+    cache.admit(cache.take_fresh())
+    tensor = cache.text("text_output", " fox", batch_dim)
+    assert tensor is sent.output_tensors()[0] and cache.take_fresh() == []
+    long_text = cache.text("text_output", "y" * 100, batch_dim)
+    assert long_text.as_numpy().tolist() == ([[b"y" * 100]] if batch_dim else [b"y" * 100])
+    assert cache.take_fresh() == []
+
+
 def test_values_that_do_not_repeat_or_are_long_are_never_cached():
     cache = TensorCache(pb, max_entries=2, max_value_bytes=8)
     long_text = codec.make_response(streamed("x" * 9, [1]), parsed(), cache)
@@ -53,27 +66,33 @@ def test_values_that_do_not_repeat_or_are_long_are_never_cached():
     assert cache.InferenceResponse is pb.InferenceResponse  # everything else is pb_utils itself
 
 
-def test_metric_updates_go_out_before_the_send_they_ride_with():
+def test_metric_updates_are_deferred_then_flushed_with_counters_summed():
     seen = []
 
     class Sink:
         def observe(self, name, value):
-            seen.append(("observe", name))
+            seen.append(("observe", name, value))
 
         def increment(self, name, value, labels=None):
-            seen.append(("increment", name))
+            seen.append(("increment", name, value, labels))
 
         def set_gauge(self, name, value):
-            seen.append(("gauge", name))
+            seen.append(("gauge", name, value))
 
-    ops = MetricOps(Sink())
-    ops.observe("ttft", 0.1)
-    ops.increment("done", 1)
-    assert seen == []  # nothing until the send
-    ops.apply_then(lambda: seen.append(("send", "")))
-    assert seen == [("observe", "ttft"), ("increment", "done"), ("send", "")]
-    ops.apply_then(lambda: seen.append(("send", "")))
-    assert seen[-1] == ("send", "") and len(seen) == 4  # applied once
+    sink = Sink()
+    first, second = MetricOps(sink), MetricOps(sink)
+    first.observe("ttft", 0.1)
+    first.defer()  # a streamed output: handed over, no update yet
+    assert seen == []
+    first.increment("done", 1, {"finish_reason": "stop"})
+    second.increment("done", 2, {"finish_reason": "stop"})
+    second.increment("done", 1, {"finish_reason": "length"})
+    second.defer()
+    first.apply()  # its FINAL: everything pending goes out, one update per counter series
+    assert seen == [("observe", "ttft", 0.1), ("increment", "done", 3, {"finish_reason": "stop"}),
+                    ("increment", "done", 1, {"finish_reason": "length"})]
+    first.apply()
+    assert len(seen) == 3  # applied once
 
 
 def test_send_on_reports_the_outcome_from_the_sender_thread():

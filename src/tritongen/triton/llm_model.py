@@ -9,8 +9,10 @@ and none of it runs on the loop, which must read every step of every request:
 - sends run on a few sender threads (triton/responses.py): sends of different requests overlap,
   and a request whose previous send is still in flight gets the steps it missed merged into its
   next response instead of queueing one per token;
-- a request's metric updates ride with its sends (they are applied in the sender thread before the
-  response goes out, so a client that saw the FINAL sees them counted);
+- a request's metric updates are recorded where they happen and applied off the loop, with
+  everyone's pending ones, counters of one series summed (responses.flush_metrics): by the
+  watcher every CANCEL_POLL_S and in the sender thread before a FINAL (so a client that saw the
+  FINAL sees its request counted); a streamed send makes no metric round trip;
 - a watcher thread polls the senders for cancellation (gRPC stream cancel, client disconnect),
   each request every CANCEL_POLL_S, and aborts the engine request. In the server each check is
   served by the one thread that dispatches every message of the stub, sends included: the checks
@@ -36,7 +38,7 @@ from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec, control, errors
 from tritongen.triton.loop import LoopThread
-from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, TensorCache, send_on
+from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, TensorCache, flush_metrics, send_on
 from tritongen.triton.metric_families import TritonMetricsSink
 from tritongen.triton.streams import ResponseStream
 from tritongen.triton.repo import parameter_value
@@ -60,9 +62,11 @@ class _Active:
 
 
 class TritonPythonModel:
-    _poll_lock = threading.Lock()
-    """Held while a sender is asked is_cancelled(): a FINAL send waits for it (see _final);
-    initialize gives each instance its own."""
+    _poll_cond = threading.Condition()
+    """Guards _polling; notified when a check ends (initialize gives each instance its own)."""
+    _polling: object = None
+    """The sender being asked is_cancelled() now, if any: its FINAL send waits for the check to end
+    (see _final); the FINALs of other requests do not."""
 
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
@@ -93,7 +97,7 @@ class TritonPythonModel:
         self._ids = itertools.count()
         self._active: dict[str, _Active] = {}
         self._senders = SendThreads(self.sender_threads, "tritongen-send")
-        self._poll_lock = threading.Lock()
+        self._poll_cond = threading.Condition()
         self.loop = LoopThread(f"tritongen-{args['model_name']}")
         self.loop.submit(self._watch())
         threading.Thread(target=self._poll_cancellation, name="tritongen-cancel", daemon=True).start()
@@ -243,7 +247,7 @@ class TritonPythonModel:
         if request_id is not None:
             # Before the FINAL send, not after: the watcher must never poll a closed sender
             # (python_backend frees its response factory; TRITONBACKEND_ResponseFactoryIsCancelled
-            # then crashes the server). A check already under way holds _poll_lock: the FINAL
+            # then crashes the server). A check of this sender already under way: the FINAL
             # waits for it (in the sender thread, never on the loop).
             self._active.pop(request_id, None)
         flag = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -252,8 +256,9 @@ class TritonPythonModel:
     def _send_final(self, ops: Optional[MetricOps], sender, response, flag: int) -> None:
         if ops is not None:
             ops.apply()
-        with self._poll_lock:
-            pass
+        with self._poll_cond:
+            while self._polling is sender:
+                self._poll_cond.wait()
         errors.send_final(sender, response, flag)
 
     # -- background ---------------------------------------------------------------------------
@@ -283,13 +288,18 @@ class TritonPythonModel:
             time.sleep(max(0.0, CANCEL_POLL_S - (time.monotonic() - started)) if snapshot else _WATCH_INTERVAL_S)
 
     def _is_cancelled(self, request_id: str, active: _Active) -> bool:
-        with self._poll_lock:
+        with self._poll_cond:
             if self._active.get(request_id) is not active:
                 return False  # ended meanwhile: its sender may be closed
-            try:
-                return bool(active.sender.is_cancelled())
-            except Exception:
-                return False
+            self._polling = active.sender
+        try:
+            return bool(active.sender.is_cancelled())
+        except Exception:
+            return False
+        finally:
+            with self._poll_cond:
+                self._polling = None
+                self._poll_cond.notify_all()
 
     def _cancel_polled(self, request_id: str, active: _Active) -> None:
         if self._active.get(request_id) is active:
@@ -306,6 +316,7 @@ class TritonPythonModel:
 
     def _update_gauges(self) -> None:
         try:
+            flush_metrics()  # the requests' deferred updates (TTFT), so they lag by CANCEL_POLL_S at most
             with METRICS_LOCK:
                 update_engine_gauges(self.engine.stats(), self.metrics, self._counted)
         except Exception:

@@ -1,5 +1,6 @@
-"""The send side of the `llm` model: sender threads, and metric updates that travel with a request's
-sends. In python_backend a send, like a metric update, is a blocking round trip to the server
+"""The send side of the `llm` model: sender threads, the tensor cache, and metric updates, applied
+in batches off the loop (one round trip per counter series per flush, none on a streamed send).
+In python_backend a send, like a metric update, is a blocking round trip to the server
 process (the GIL is released while it waits); the model's asyncio loop must never make one.
 
 A send costs the loop one asyncio future and one call_soon_threadsafe when it completes: no
@@ -9,10 +10,13 @@ responses per second were a measurable share of the stub's GIL time (docs/benchm
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
 from typing import Callable, Optional
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +86,44 @@ METRICS_LOCK = threading.Lock()
 """One metric update at a time in the process: python_backend 24.10 aborts the server
 (boost::interprocess::lock_exception) when two threads of a stub update metrics at once."""
 
+_PENDING: collections.deque[tuple[object, str, tuple]] = collections.deque()
+"""Metric updates handed over (MetricOps.defer) and not applied yet: (sink, method, args)."""
+
+
+def flush_metrics() -> None:
+    """Apply every pending metric update, counter increments of one series summed into one update
+    (a round trip to the server each). Taken and applied under METRICS_LOCK: once a caller holds
+    the lock, every update handed over before it is applied (by it, or by the flush that held the
+    lock before). Called before each FINAL and by the model's watcher (gauges, every CANCEL_POLL_S)."""
+    with METRICS_LOCK:
+        merged: dict[tuple, list] = {}
+        ordered: list[list] = []
+        while _PENDING:
+            sink, method, args = _PENDING.popleft()
+            if method == "increment":
+                name, value, labels = args
+                key = (id(sink), name, tuple(sorted(labels.items())) if labels else ())
+                entry = merged.get(key)
+                if entry is not None:
+                    entry[2][1] += value
+                    continue
+                entry = merged[key] = [sink, method, [name, value, labels]]
+            else:
+                entry = [sink, method, args]
+            ordered.append(entry)
+        for sink, method, args in ordered:
+            try:
+                getattr(sink, method)(*args)
+            except Exception:
+                logger.debug("metric update %s%r failed", method, args, exc_info=True)
+
 
 class MetricOps:
-    """A MetricsSink that records one request's updates; apply() makes them on the real sink. The
-    model applies them in the sender thread before the request's next send, so that the loop never
-    waits on a metric round trip and a client that saw the FINAL response sees its request counted."""
+    """A MetricsSink that records one request's updates, off the loop: no update is a round trip
+    where it is recorded. defer() hands them to the updates pending in the process (applied by the
+    next flush_metrics: the watcher's, within CANCEL_POLL_S, or a FINAL's); apply() flushes them,
+    before the request's FINAL, so that a client that saw the FINAL sees its request counted.
+    Streamed sends carry no metric round trip."""
 
     def __init__(self, sink) -> None:
         self._sink = sink
@@ -101,20 +138,14 @@ class MetricOps:
     def set_gauge(self, name: str, value: float) -> None:
         self._ops.append(("set_gauge", (name, value)))
 
-    def apply(self) -> None:
-        ops, self._ops = self._ops, []
-        with METRICS_LOCK:
-            for method, args in ops:
-                try:
-                    getattr(self._sink, method)(*args)
-                except Exception:
-                    logger.debug("metric update %s%r failed", method, args, exc_info=True)
-
-    def apply_then(self, fn: Callable, *args) -> None:
-        """apply(), then fn(*args) (a send)."""
+    def defer(self) -> None:
         if self._ops:
-            self.apply()
-        fn(*args)
+            ops, self._ops = self._ops, []
+            _PENDING.extend((self._sink, method, args) for method, args in ops)
+
+    def apply(self) -> None:
+        self.defer()
+        flush_metrics()
 
 
 class TensorCache:
@@ -146,6 +177,17 @@ class TensorCache:
         if tensor is None:
             tensor = self._pb.Tensor(name, array)
             self._fresh.append((key, tensor))
+        return tensor
+
+    def text(self, name: str, value: str, batch_dim: bool):
+        """The BYTES tensor holding one string (a streamed response's text piece), looked up before
+        any array is built: the same tensor Tensor(name, array of [value]) would give."""
+        data = value.encode("utf-8")
+        shape = (1, 1) if batch_dim else (1,)
+        key = (name, "O", shape, (data,))
+        tensor = self._cache.get(key) if name in self.CACHED and len(data) <= self.max_value_bytes else None
+        if tensor is None:
+            tensor = self.Tensor(name, np.array([data], dtype=np.object_).reshape(shape))
         return tensor
 
     def take_fresh(self) -> list[tuple[tuple, object]]:

@@ -40,6 +40,8 @@ class ResponseStream:
         self._timer, self._perf, self._ops, self._decode, self._error_type = timer, perf, ops, decode, error_type
         self._wants_tokens = parsed.outputs.output_ids or parsed.outputs.num_output_tokens
         self._wants_perf = parsed.outputs.perf_metrics
+        self._text_only = parsed.outputs == codec.OutputOptions()
+        """No optional output asked for: a streamed response is its text_output alone."""
         loop = asyncio.get_running_loop()
         self._calls = loop_calls(loop)
         self.done: asyncio.Future = loop.create_future()
@@ -59,6 +61,7 @@ class ResponseStream:
             if item.error:  # counted as an error by the caller, not as a finished request
                 raise self._error_type(f"engine error: {item.error}")
             self._timer.on_output(item, self._ops)
+            self._ops.defer()  # applied by the watcher's next flush, or before the FINAL
             if self._wants_perf:
                 self._perf.update(item, time.time_ns(), self._model.block_size)
             if self._parsed.stream and self._held is not None:
@@ -91,16 +94,21 @@ class ResponseStream:
         # A step whose text is held back (split UTF-8 character, possible stop string) still
         # carries tokens: clients counting tokens per response must see it.
         elif out.delta_text or (self._wants_tokens and out.delta_token_ids):
-            response = codec.make_response(out, self._parsed, model._tensors, batch_dim=model.batch_dim,
-                                           decode=self._decode, perf=self._perf)
-            fresh = model._tensors.take_fresh()
+            tensors = model._tensors
+            if self._text_only:  # make_response's tensors, without building an array per response
+                response = tensors.InferenceResponse(
+                    output_tensors=[tensors.text("text_output", out.delta_text, model.batch_dim)])
+            else:
+                response = codec.make_response(out, self._parsed, tensors, batch_dim=model.batch_dim,
+                                               decode=self._decode, perf=self._perf)
+            fresh = tensors.take_fresh()
             self._sending = True
             model._senders.submit(self._send, response, fresh)
 
     def _send(self, response, fresh: list) -> None:
         """Sender thread."""
         try:
-            self._ops.apply_then(self._sender.send, response)
+            self._sender.send(response)
             if fresh:
                 self._model._tensors.admit(fresh)
             error = None
