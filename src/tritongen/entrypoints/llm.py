@@ -12,12 +12,12 @@ PromptInput = Union[str, list[int]]
 
 
 def _tokenizer_path(config: EngineConfig, model_path: str) -> str:
-    from tritongen.fetch import resolve_model
-
     if config.model.tokenizer:
         return config.model.tokenizer
     if model_path.startswith("dummy:"):
-        return resolve_model(None)  # dummy weights speak the default model's tokenizer
+        from tritongen.preset_tokenizers import dummy_tokenizer_path
+
+        return dummy_tokenizer_path(model_path)  # one of its vocabulary (preset_tokenizers.py)
     return model_path
 
 

@@ -120,8 +120,12 @@ def _load_tokenizer(args: dict):
 
     params = json.loads(args["model_config"]).get("parameters", {})
     path = params.get("tokenizer", {}).get("string_value") or params.get("model", {}).get("string_value")
-    if not path or path.startswith("dummy:"):
-        path = resolve_model(None)  # dummy weights speak the default model's tokenizer
+    if not path:
+        path = resolve_model(None)
+    elif path.startswith("dummy:"):
+        from tritongen.preset_tokenizers import dummy_tokenizer_path
+
+        path = dummy_tokenizer_path(path)  # the one the engine's detokenizer uses
     config = Path(path) / "tokenizer_config.json"
     # Llama-style configs may add BOS in Python code (add_bos_token); only transformers knows that.
     if (Path(path) / "tokenizer.json").is_file() and "add_bos_token" not in (config.read_text() if config.is_file() else ""):
