@@ -126,3 +126,9 @@ def test_stacking_channel_layers_equals_quantizing_the_stack():
     direct = Fp8Linear.from_linear(whole)
     assert torch.equal(stacked.weight.float(), direct.weight.float())
     assert torch.equal(stacked.weight_scale, direct.weight_scale)
+
+
+def test_e4m3_range_constant_is_torchs():
+    from tritongen.ops import fp8_scales
+
+    assert fp8_scales.E4M3_MAX == float(torch.finfo(torch.float8_e4m3fn).max)

@@ -23,12 +23,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from tritongen.ops.fp8_scales import Fp8Scales
+from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE, Fp8Scales
 
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 WEIGHT_ONLY_ROWS = 16
-_MIN_SCALE = 1e-12  # an all-zero row or token gets this scale instead of 0 (no division by zero)
+_MIN_SCALE = MIN_SCALE
 
 
 def quantize_weight(w: torch.Tensor, scales: Fp8Scales = Fp8Scales("channel")) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """The scale layouts of FP8 weights (ops/fp8.py's module docstring describes them); apart so that
-the Triton kernels (ops/triton_fp8.py) and the dispatcher (ops/fp8.py) both read it without
-importing each other. Pure Python."""
+the Triton kernels (ops/triton_fp8.py, ops/triton_fp8_quant.py) and the dispatcher (ops/fp8.py)
+both read it, and the e4m3 range, without importing each other. Pure Python."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 SCALE_KINDS = ("channel", "tensor", "block")
+E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)."""
+MIN_SCALE = 1e-12
+"""The scale of an all-zero row or token instead of 0 (no division by zero)."""
 
 
 @dataclass(frozen=True)

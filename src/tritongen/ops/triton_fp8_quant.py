@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.fp8 import _MIN_SCALE, E4M3, E4M3_MAX
+from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE as _MIN_SCALE
 
 ONE_BLOCK_MAX = 8192
 """Longest row quantized from registers in one load (K = 4096, 5120, 8192 hidden sizes)."""
@@ -68,7 +68,7 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape
-    q = torch.empty(m, k, dtype=E4M3, device=x.device)
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m and k:
         _quantize_tokens_kernel[(m,)](x, q, scale, k, x.stride(0), **launch_config(k))
