@@ -26,6 +26,10 @@ def load_bench_tokenizer(args: argparse.Namespace, model: Optional[str] = None):
     from tritongen.tokenizer import load_tokenizer
 
     path = args.tokenizer
+    if path is None and model and model.startswith("dummy:"):
+        from tritongen.preset_tokenizers import dummy_tokenizer_path
+
+        path = dummy_tokenizer_path(model)  # what the engine serving that preset speaks
     if path is None:
         path = model if model and Path(model).expanduser().is_dir() else resolve_model(None)
     return load_tokenizer(path)

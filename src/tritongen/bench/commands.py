@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require_matplotlib()
     slos = parse_goodput(args.goodput)
     levels = _concurrency_levels(args)
-    tokenizer = load_bench_tokenizer(args)
+    tokenizer = load_bench_tokenizer(args, args.model)
     requests = load_dataset(args.dataset, args.num_prompts, args.seed, tokenizer, args.corpus)
     runs = []
     for c in levels:
