@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # triton_helpers, fake_pb_utils (pytest runs in importlib mode)
 
-from triton_helpers import TINY, free_ports, port_is_free  # noqa: E402
+from triton_helpers import TINY, free_ports, stop_and_check  # noqa: E402
 
 
 def triton_available() -> bool:
@@ -52,14 +52,7 @@ def triton(tmp_path_factory, default_model_dir) -> Served:  # the tiny model spe
         server.wait_ready(timeout=float(os.environ.get("TRITONGEN_TEST_READY_TIMEOUT", "300")))
         yield Served(server, repo, server.http_url, server.grpc_url, server.metrics_url)
     finally:
-        pid = server.process.pid
-        server.stop()
-        assert server.process.poll() is not None, f"tritonserver {pid} still running"
-        from triton_helpers import stub_pids
-
-        assert not stub_pids(repo), "Python-backend stubs outlived the server"
-        for port in (http, grpc, metrics):
-            assert port_is_free(port), f"port {port} still bound after tritonserver {pid} stopped"
+        stop_and_check(server, repo, (http, grpc, metrics))
 
 
 @pytest.fixture(scope="session")

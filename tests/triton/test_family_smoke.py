@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import triton_available
-from triton_helpers import free_ports, generate, grpc_stream, port_is_free, stub_pids, text, texts
+from triton_helpers import free_ports, generate, grpc_stream, stop_and_check, text, texts
 from tritongen import LLM, SamplingParams
 
 FAMILIES = ("tiny-qwen3", "tiny-gpt2", "tiny-bloom", "tiny-baichuan", "tiny-baichuan-13b", "tiny-gemma2",
@@ -46,12 +46,7 @@ def families_server(tmp_path_factory, default_model_dir):
         server.wait_ready(timeout=float(os.environ.get("TRITONGEN_TEST_READY_TIMEOUT", "300")))
         yield server
     finally:
-        pid = server.process.pid
-        server.stop()
-        assert server.process.poll() is not None, f"tritonserver {pid} still running"
-        assert not stub_pids(repo), "Python-backend stubs outlived the server"
-        for port in (http, grpc, metrics):
-            assert port_is_free(port), f"port {port} still bound after tritonserver {pid} stopped"
+        stop_and_check(server, repo, (http, grpc, metrics))
 
 
 @pytest.mark.parametrize("preset", FAMILIES)

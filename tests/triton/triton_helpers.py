@@ -136,3 +136,14 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def stop_and_check(server, repo, ports) -> None:
+    """Stop a test's tritonserver by its PID and check it left nothing behind: no process, no
+    Python-backend stub of `repo`, none of `ports` still bound."""
+    pid = server.process.pid
+    server.stop()
+    assert server.process.poll() is not None, f"tritonserver {pid} still running"
+    assert not stub_pids(repo), "Python-backend stubs outlived the server"
+    for port in ports:
+        assert port_is_free(port), f"port {port} still bound after tritonserver {pid} stopped"
