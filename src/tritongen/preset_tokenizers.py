@@ -77,6 +77,19 @@ def _complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() and (path / "tokenizer.json").is_file()
 
 
+def tokenizer_dir(tokenizer: Optional[str], model: Optional[str]) -> str:
+    """The tokenizer directory of an engine given its `tokenizer` and `model` options: `tokenizer`
+    when set, a dummy preset's (dummy_tokenizer_path), else the model's own directory (the default
+    model's when `model` is None). The engine and the Triton preprocessing both ask this."""
+    if tokenizer:
+        return tokenizer
+    if model is None:
+        return resolve_model(None)
+    if model.startswith(DUMMY_PREFIX):
+        return dummy_tokenizer_path(model)
+    return model
+
+
 def dummy_tokenizer_path(model: str) -> str:
     """The tokenizer directory for ``dummy:<preset>`` (see the module docstring for the order)."""
     from tritongen.models.presets import PRESETS

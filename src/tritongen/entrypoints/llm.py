@@ -12,13 +12,9 @@ PromptInput = Union[str, list[int]]
 
 
 def _tokenizer_path(config: EngineConfig, model_path: str) -> str:
-    if config.model.tokenizer:
-        return config.model.tokenizer
-    if model_path.startswith("dummy:"):
-        from tritongen.preset_tokenizers import dummy_tokenizer_path
+    from tritongen.preset_tokenizers import tokenizer_dir
 
-        return dummy_tokenizer_path(model_path)  # one of its vocabulary (preset_tokenizers.py)
-    return model_path
+    return tokenizer_dir(config.model.tokenizer, model_path)  # a dummy preset: one of its vocabulary
 
 
 def create_engine(config: EngineConfig) -> EngineCore:

@@ -116,16 +116,11 @@ class _RustTokenizer:
 
 
 def _load_tokenizer(args: dict):
-    from tritongen.fetch import resolve_model
+    from tritongen.preset_tokenizers import tokenizer_dir
 
     params = json.loads(args["model_config"]).get("parameters", {})
-    path = params.get("tokenizer", {}).get("string_value") or params.get("model", {}).get("string_value")
-    if not path:
-        path = resolve_model(None)
-    elif path.startswith("dummy:"):
-        from tritongen.preset_tokenizers import dummy_tokenizer_path
-
-        path = dummy_tokenizer_path(path)  # the one the engine's detokenizer uses
+    path = tokenizer_dir(params.get("tokenizer", {}).get("string_value") or None,
+                         params.get("model", {}).get("string_value") or None)  # the engine's detokenizer's
     config = Path(path) / "tokenizer_config.json"
     # Llama-style configs may add BOS in Python code (add_bos_token); only transformers knows that.
     if (Path(path) / "tokenizer.json").is_file() and "add_bos_token" not in (config.read_text() if config.is_file() else ""):

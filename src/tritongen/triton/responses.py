@@ -184,8 +184,8 @@ class TensorCache:
         any array is built: the same tensor Tensor(name, array of [value]) would give."""
         data = value.encode("utf-8")
         shape = (1, 1) if batch_dim else (1,)
-        key = (name, "O", shape, (data,))
-        tensor = self._cache.get(key) if name in self.CACHED and len(data) <= self.max_value_bytes else None
+        key = self._bytes_key(name, shape, (data,)) if name in self.CACHED else None
+        tensor = self._cache.get(key) if key is not None else None
         if tensor is None:
             tensor = self.Tensor(name, np.array([data], dtype=np.object_).reshape(shape))
         return tensor
@@ -201,12 +201,16 @@ class TensorCache:
             if len(self._cache) < self.max_entries:
                 self._cache.setdefault(key, tensor)
 
+    def _bytes_key(self, name: str, shape: tuple, values: tuple) -> Optional[tuple]:
+        """The cache key of a BYTES tensor of `values` (bytes), None past max_value_bytes."""
+        if sum(len(v) for v in values) > self.max_value_bytes:
+            return None
+        return name, "O", shape, values
+
     def _key(self, name: str, array) -> Optional[tuple]:
         if array.dtype.kind == "O":
             values = tuple(array.flat)
-            if sum(len(v) for v in values) > self.max_value_bytes or not all(type(v) is bytes for v in values):
-                return None
-            return name, "O", array.shape, values
+            return self._bytes_key(name, array.shape, values) if all(type(v) is bytes for v in values) else None
         if array.nbytes > self.max_value_bytes:
             return None
         return name, array.dtype.str, array.shape, array.tobytes()
