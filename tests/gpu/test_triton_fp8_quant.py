@@ -1,6 +1,6 @@
 """The per-token FP8 quantization kernel (ops/triton_fp8_quant.py) against the reference
 (ops.fp8.quantize_tokens): scale equal, q equal bit for bit, for one-block and looped rows,
-all-zero rows (the _MIN_SCALE clamp) and values clamped to ±448. Runs on CUDA, else in Triton's
+all-zero rows (the MIN_SCALE clamp) and values clamped to ±448. Runs on CUDA, else in Triton's
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA). The interpreter's emulated
 float32 -> e4m3 conversion mis-rounds values whose rounding carries into the next power of two
 (124.9 -> 64, not 128; tests/gpu/test_fp8_kv_cache.py) and some e4m3 subnormals, so there q is
@@ -23,7 +23,8 @@ if not INTERPRET and torch.cuda.get_device_capability() < (8, 9):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from tritongen.ops.fp8 import _MIN_SCALE, E4M3, E4M3_MAX, quantize_tokens as quantize_ref  # noqa: E402
+from tritongen.ops.fp8 import E4M3, E4M3_MAX, quantize_tokens as quantize_ref  # noqa: E402
+from tritongen.ops.fp8_scales import MIN_SCALE  # noqa: E402
 from tritongen.ops.triton_fp8_quant import quantize_tokens  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -69,7 +70,7 @@ def test_all_zero_rows_get_the_minimum_scale(k):
     x[4] = 0
     _check(x)
     q, s = quantize_tokens(x)
-    assert s[1].item() == s[4].item() == torch.tensor(_MIN_SCALE, dtype=torch.float32).item()
+    assert s[1].item() == s[4].item() == torch.tensor(MIN_SCALE, dtype=torch.float32).item()
     assert not q[1].float().any() and not q[4].float().any()
 
 

@@ -27,7 +27,6 @@ from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE, Fp8Scales
 
 E4M3 = torch.float8_e4m3fn
 WEIGHT_ONLY_ROWS = 16
-_MIN_SCALE = MIN_SCALE
 
 
 def quantize_weight(w: torch.Tensor, scales: Fp8Scales = Fp8Scales("channel")) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,17 +37,17 @@ def quantize_weight(w: torch.Tensor, scales: Fp8Scales = Fp8Scales("channel")) -
     w32 = w.float()
     n, k = w32.shape
     if scales.kind == "channel":
-        scale = (w32.abs().amax(dim=1) / E4M3_MAX).clamp(min=_MIN_SCALE)
+        scale = (w32.abs().amax(dim=1) / E4M3_MAX).clamp(min=MIN_SCALE)
         return (w32 / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
     if scales.kind == "tensor":
-        scale = (w32.abs().amax() / E4M3_MAX).clamp(min=_MIN_SCALE)
+        scale = (w32.abs().amax() / E4M3_MAX).clamp(min=MIN_SCALE)
         return (w32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
     bn, bk = scales.block
     sn, sk = scales.shape(n, k)
     padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32, device=w.device)
     padded[:n, :k] = w32
     tiles = padded.view(sn, bn, sk, bk)
-    scale = (tiles.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp(min=_MIN_SCALE)
+    scale = (tiles.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp(min=MIN_SCALE)
     q = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).view(sn * bn, sk * bk)[:n, :k]
     return q.to(E4M3).contiguous(), scale
 
@@ -77,7 +76,7 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales) -
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token activation quantization: (q [M, K] e4m3, scale float32 [M, 1])."""
     x32 = x.float()
-    scale = (x32.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=_MIN_SCALE)
+    scale = (x32.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
     return (x32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 

@@ -1,5 +1,5 @@
 """Triton kernel for dynamic per-token FP8 quantization: (q float8_e4m3fn [M, K], scale float32
-[M, 1]) with scale = max(amax(|x|) / E4M3_MAX, _MIN_SCALE) per row and q = clamp(x / scale,
+[M, 1]) with scale = max(amax(|x|) / E4M3_MAX, MIN_SCALE) per row and q = clamp(x / scale,
 ±E4M3_MAX), in one launch instead of the reference's chain of small torch kernels (cast, abs, amax,
 divide, clamp, divide, clamp, cast), which cost more than the FP8 GEMM it feeds at moderate row
 counts.
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE as _MIN_SCALE
+from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE
 
 ONE_BLOCK_MAX = 8192
 """Longest row quantized from registers in one load (K = 4096, 5120, 8192 hidden sizes)."""
@@ -24,7 +24,7 @@ LOOP_BLOCK_K = 4096
 """Piece of a longer row (down_proj's K = 11008, 13824, ...) per step of each pass."""
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
-_MIN = tl.constexpr(_MIN_SCALE)
+_MIN = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -73,5 +73,5 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if m and k:
         _quantize_tokens_kernel[(m,)](x, q, scale, k, x.stride(0), **launch_config(k))
     elif m:
-        scale.fill_(_MIN_SCALE)
+        scale.fill_(MIN_SCALE)
     return q, scale
