@@ -141,7 +141,7 @@ class ModelRunner:
         if fp8:
             from tritongen.ops import triton_fp8
 
-            made = triton_fp8.select_configs(fp8, self.dtype)
+            made = triton_fp8.select_configs(fp8, self.dtype, agree=self._mean_over_ranks)
             logger.info("fp8 decode GEMMs: tilings chosen for %d (shape, rows) cases", len(made))
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
