@@ -66,9 +66,12 @@ def requirements(whl: Path, extras: set[str]) -> list[Requirement]:
     return out
 
 
-def resolve(root: str, dest: Path, skip: set[str], skipped: dict[str, set[str]]) -> list[dict]:
+def resolve(root: str, dest: Path, skip: set[str], skipped: dict[str, set[str]],
+            pins: dict[str, str] | None = None) -> list[dict]:
     """Download `root` and its requirements' closure minus `skip`; `skipped` collects the version
-    specifiers asked of each skipped (image) package, to check against the image's versions."""
+    specifiers asked of each skipped (image) package, to check against the image's versions.
+    `pins` {name: requirement} replaces what the first asker says of that package. The walk takes
+    the first requirement of each name, so conflicts() checks every asker afterwards."""
     seen: dict[str, dict] = {}
     queue = [(Requirement(root), set(Requirement(root).extras))]
     while queue:
@@ -79,12 +82,29 @@ def resolve(root: str, dest: Path, skip: set[str], skipped: dict[str, set[str]])
             continue
         if name in seen:
             continue
-        whl = download(str(req).split(";")[0].strip(), dest)
-        seen[name] = {"name": name, "wheel": whl.name, "bytes": whl.stat().st_size}
+        spec = (pins or {}).get(name) or str(req).split(";")[0].strip()
+        whl = download(spec, dest)
+        seen[name] = {"name": name, "wheel": whl.name, "bytes": whl.stat().st_size,
+                      "version": whl.name.split("-")[1], "requires": [str(r) for r in requirements(whl, extras)]}
         print(f"{whl.name} ({whl.stat().st_size / 2**20:.1f} MiB)", flush=True)
         for sub in requirements(whl, extras):
             queue.append((sub, set(sub.extras)))
     return list(seen.values())
+
+
+def conflicts(wheels: list[dict]) -> list[str]:
+    """Each requirement between the downloaded wheels that the chosen version does not satisfy
+    (vLLM 0.25.1 pins apache-tvm-ffi==0.1.9 while the newest xgrammar asks >=0.1.11: that pair
+    installed, and vLLM failed at import)."""
+    versions = {w["name"]: w["version"] for w in wheels}
+    out = []
+    for w in wheels:
+        for text in w["requires"]:
+            req = Requirement(text)
+            have = versions.get(canonicalize_name(req.name))
+            if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+                out.append(f"{w['name']} {w['version']} asks {req.name}{req.specifier}, the closure has {have}")
+    return out
 
 
 def main() -> int:
@@ -92,13 +112,17 @@ def main() -> int:
     ap.add_argument("spec", help="the peer, e.g. vllm==0.25.1")
     ap.add_argument("--out", required=True, type=Path, help="where the wheels and resolved.json go")
     ap.add_argument("--skip", nargs="*", default=[], help="more package names not to download")
+    ap.add_argument("--pin", nargs="*", default=[], help="requirements that replace what the closure asks of "
+                    "those packages, e.g. xgrammar==0.2.1")
     ap.add_argument("--prune", action="store_true",
                     help="remove wheels in --out that this resolution does not list (pack_parts.py packs them all)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = image_packages() | {canonicalize_name(s) for s in args.skip}
     skipped: dict[str, set[str]] = {}
-    wheels = resolve(args.spec, args.out, skip, skipped)
+    pins = {canonicalize_name(Requirement(p).name): p for p in args.pin}
+    wheels = resolve(args.spec, args.out, skip, skipped, pins)
+    bad = conflicts(wheels)
     total = sum(w["bytes"] for w in wheels)
     asked = {name: sorted(s for s in specs if s) for name, specs in sorted(skipped.items())}
     resolved = {"spec": args.spec, "wheels": wheels, "total_bytes": total, "taken_from_the_image_or_skipped": asked}
@@ -109,6 +133,9 @@ def main() -> int:
             print(f"not in this resolution, removed from {args.out}: {stale.name}")
             stale.unlink()
     print(f"{len(wheels)} wheels, {total / 2**20:.0f} MiB in {args.out}")
+    if bad:
+        print("conflicting requirements (pin a version with --pin):\n  " + "\n  ".join(bad), file=sys.stderr)
+        return 1
     return 0
 
 

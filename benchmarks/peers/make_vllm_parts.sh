@@ -27,10 +27,16 @@ OUT=.gpu/peers/vllm
 SKIP=(flashinfer-cubin tokenspeed-triton tokenspeed-mla nvidia-cutlass-dsl nvidia-cutlass-dsl-libs-cu13
       nvidia-cutlass-dsl-libs-base nvidia-nvvm nvidia-cuda-nvcc tilelang pynvvideocodec z3-solver torchcodec
       humming-kernels quack-kernels fastapi-cloud-cli sentry-sdk)
+# vLLM 0.25.1 pins apache-tvm-ffi==0.1.9; xgrammar (vLLM asks >=0.2.1) needs >=0.1.11 from 0.2.8 on,
+# and the 0.2.9 that the walk took failed at `import vllm` (load_lib_module(extra_lib_paths=...)).
+# 0.2.1 asks >=0.1.9. nvidia-cudnn-frontend 1.30+ asks apache-tvm-ffi>=0.1.11 too (1.28.0 only in an
+# extra), and opentelemetry-sdk asks the api of its own release. fetch_wheels.py fails the build on
+# any such conflict.
+PINS=(xgrammar==0.2.1 nvidia-cudnn-frontend==1.28.0 opentelemetry-api==1.45.2)
 log() { echo "[make_vllm_parts $(date +%T)] $*"; }
 
 log "resolving and downloading $VLLM (cached in $CACHE)"
-python3 benchmarks/peers/fetch_wheels.py "$VLLM" --out "$CACHE" --prune --skip "${SKIP[@]}" 2>&1 | grep -v "^WARNING: Location"
+python3 benchmarks/peers/fetch_wheels.py "$VLLM" --out "$CACHE" --prune --pin "${PINS[@]}" --skip "${SKIP[@]}" 2>&1 | grep -v "^WARNING: Location"
 log "packing into $OUT (xz -$XZ_LEVEL, parts of <= $PART_MIB MiB)"
 python3 benchmarks/peers/pack_parts.py --wheels "$CACHE" --out "$OUT" --spec "$VLLM" --part-mib "$PART_MIB" \
   --xz-level "$XZ_LEVEL" ${KEEP_FA2:+--keep-fa2}

@@ -13,7 +13,11 @@ on bf16 copies of the same shapes:
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/fp8_gemv_probe.py [--rows 1,8,16] [--shapes 7b]
 
-Prints every variant's best µs and fp8-byte TB/s per shape and row count, and a table last.
+Prints every variant's best µs and fp8-byte TB/s per shape and row count, and a table last. On an
+H100 (docs/quantization.md) `swap8` was the fastest on every 7B shape, 10-15 % under `current`,
+but only with x already quantized: a separate quantization kernel (2-6 µs) eats the gain, and a
+kernel that quantized x itself (each program reading x for the amax) lost on every shape, so the
+gain needs the quantization fused into the producers of x (the norms, SiLU·mul).
 `--check` only compares each variant with the reference on small random inputs (CPU: Triton's
 interpreter with TRITON_INTERPRET=1).
 """

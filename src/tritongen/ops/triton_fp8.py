@@ -16,19 +16,8 @@ per-tensor scales and the bias once: triton_gemv's split_k_sum and split_workspa
 deterministic, CUDA-graph-safe reduction as the bf16 skinny GEMM. SPLIT_K == 1 is the plain single
 pass. Split configurations are more candidates for select_configs, used where measured faster.
 
-Dynamic (`_fp8_dynamic_gemm`, per-channel and per-tensor scales, at most 16 rows): the activations
-are quantized per token inside the kernel and the product runs fp8 x fp8 on the tensor cores, with
-no upcast of the weight. It is computed transposed, y.T = q @ xq.T, so that the weight tile is the
-MMA's A operand (64 rows: wgmma's M side) and the token rows its N side. Every program first reads
-the whole of x (at most 16 rows, from L2) for each row's amax, so all programs and splits quantize
-x with the same scales, those of ops.fp8.quantize_tokens (IEEE division, round to nearest even):
-the result is ops.fp8.fp8_linear_ref(dynamic=True)'s, as the _scaled_mm path gives larger batches,
-up to float32 summation order. Its candidates join select_configs' measurement, so it serves the
-shapes where it wins (docs/quantization.md has the probe's numbers).
-
-ops.fp8.fp8_linear_ref (dynamic=False for the weight-only kernel, True for the dynamic one) is the
-reference; tests/gpu/test_triton_fp8.py checks both kernels against it on CUDA and, with
-TRITON_INTERPRET=1, on the CPU.
+ops.fp8.fp8_linear_ref(dynamic=False) is the reference; tests/gpu/test_triton_fp8.py checks this
+kernel against it on CUDA and, with TRITON_INTERPRET=1, on the CPU.
 """
 from __future__ import annotations
 
@@ -38,12 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE, Fp8Scales
+from tritongen.ops.fp8_scales import Fp8Scales
 from tritongen.ops.triton_gemv import split_k_sum, split_workspace
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
-_E4M3_MAX = tl.constexpr(E4M3_MAX)
-_MIN = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -108,60 +95,14 @@ def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.cons
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _fp8_dynamic_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
-                      SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    # Grid (cdiv(N, BLOCK_N), 1, SPLIT_K), x of at most BLOCK_M rows; splits as in _fp8_weight_gemm.
-    pid_n = tl.program_id(0)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(2) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    m = tl.arange(0, BLOCK_M)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = m < M
-    n_ok = n < N
-    x_rows = X + m[:, None] * stride_xm
-    # Each row's scale from its amax over the whole of K: every split reads all of it, so one scale.
-    amax = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    x_scale = tl.maximum(tl.math.div_rn(amax, _E4M3_MAX), _MIN)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    w_rows = W + n[:, None].to(tl.int64) * stride_wn
-    for k0 in range(k_start, k_end, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        xq = tl.minimum(tl.maximum(tl.math.div_rn(x, x_scale[:, None]), -_E4M3_MAX), _E4M3_MAX)
-        acc = tl.dot(w, tl.trans(xq.to(W.dtype.element_ty)), acc)
-    acc = tl.trans(acc) * x_scale[:, None]
-    if SPLIT_K == 1:
-        _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
-    else:
-        total, last = split_k_sum(acc, PART, COUNTS, pid_n, tl.program_id(2), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
-        if last:
-            _fp8_epilogue(total, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
-
-
 CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "SPLIT_K": 1}
                 for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4)) + \
     tuple({"BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": sk} for bn in (32, 64) for sk in (2, 4, 8))
-"""Weight-only tile candidates of the decode-sized product; select_configs times them per layer
-shape. The single-pass tilings, then split-K ones (2/4/8 programs per N tile over slices of K, for
-shapes with few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs)."""
-DYNAMIC_CONFIGS = tuple({"BLOCK_N": 64, "BLOCK_K": bk, "num_warps": 4, "num_stages": st, "SPLIT_K": sk,
-                         "DYNAMIC": True} for bk in (128, 256) for st in (3, 5) for sk in (1, 2, 4))
-"""Candidates of the dynamic fp8 x fp8 kernel (per-channel and per-tensor scales): 64 weight rows a
-tile (one warpgroup's wgmma M side), the K steps, pipeline depths and splits of the probe's winners.
-With CONFIGS, select_configs compiles up to 30 variants per scale layout and dtype and times 30 x 3
-row buckets CUDA graphs per distinct layer shape (a few ms each)."""
+"""Tile candidates of the decode-sized product; select_configs times them per layer shape. The
+single-pass tilings, then split-K ones (2/4/8 programs per N tile over slices of K, for shapes with
+few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs). 18 candidates, so
+the load-time selection compiles up to 18 variants per scale layout and dtype and times
+18 x 3 row buckets CUDA graphs per distinct layer shape (a few ms each)."""
 ROW_BUCKETS = (1, 8, 16)
 
 
@@ -170,12 +111,11 @@ def row_bucket(rows: int) -> int:
 
 
 def candidates(scales: Fp8Scales, k: Optional[int] = None) -> list[dict]:
-    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block; the
-    DYNAMIC_CONFIGS for per-channel and per-tensor scales) and, given
+    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block) and, given
     the weight's K, without split-K configurations that would leave a split no K to cover. A
     split's slice of K is a multiple of BLOCK_K, which divides the scale block's K side, so block
     scales need no further restriction (each BLOCK_K piece of a split lies in one scale block)."""
-    configs = list(CONFIGS) + (list(DYNAMIC_CONFIGS) if scales.kind != "block" else [])
+    configs = list(CONFIGS)
     if scales.kind == "block":
         bn, bk = scales.block
         configs = [c for c in configs if bn % c["BLOCK_N"] == 0 and bk % c["BLOCK_K"] == 0]
@@ -206,9 +146,9 @@ def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
                bias: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
-    """FP8 product on the Triton kernels; same result as ops.fp8.fp8_linear_ref(x, q, scale, scales,
-    bias, dynamic=False) up to float32 summation order, dynamic=True's for a DYNAMIC config.
-    `config`: one of candidates(scales) (what select_configs chose), else a default weight-only tiling."""
+    """Weight-only FP8 product on the Triton kernel; same result as
+    ops.fp8.fp8_linear_ref(x, q, scale, scales, bias, dynamic=False) up to float32 summation order.
+    `config`: one of candidates(scales) (what select_configs chose), else a default tiling."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
@@ -226,20 +166,12 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
     if split_k > 1:
         tiles = grid[0] * grid[1]
         part, counts = split_workspace(x.device, tiles * split_k * block_m * block_n, tiles)
-    args = (x2, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
-            x2.stride(0), q.stride(0), y.stride(0))
-    if config is not None and config.get("DYNAMIC"):
-        if m > 16 or scales.kind == "block":
-            raise ValueError(f"the dynamic fp8 kernel takes at most 16 rows and per-channel or per-tensor "
-                             f"scales, got {m} rows and {scales.kind} scales")
-        _fp8_dynamic_gemm[grid](*args, SCALE_KIND=_KIND[scales.kind], HAS_BIAS=bias is not None, BLOCK_M=block_m,
-                                BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=warps,
-                                num_stages=config["num_stages"])
-    else:
-        _fp8_weight_gemm[grid](
-            *args, s.stride(0) if s.dim() == 2 else 0, SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk,
-            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-            IEEE=x.dtype == torch.float32, num_warps=warps)
+    _fp8_weight_gemm[grid](
+        x2, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
+        x2.stride(0), q.stride(0), y.stride(0), s.stride(0) if s.dim() == 2 else 0,
+        SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
+        num_warps=warps)
     return y.reshape(*shape[:-1], n)
 
 
