@@ -54,11 +54,17 @@ STRIP = {
         # A static library, for building against TurboMind; nothing loads a .a at run time.
         "lmdeploy/turbomind/lib64/libxgrammar.a": "static library for builds; never loaded",
     },
+    # xgrammar 0.2.1 (make_vllm_parts.sh pins it: the newest release that accepts vLLM 0.25.1's
+    # apache-tvm-ffi 0.1.9) ships a 65 MB static library beside its bindings; 0.2.6 on do not.
+    "xgrammar==0.2.1": {
+        "xgrammar/lib/libxgrammar.a": "static library for builds; never loaded",
+    },
 }
 
 
 def strip_rules(wheel: Path, keep_fa2: bool) -> dict[str, str]:
-    rules = dict(STRIP.get(canonicalize_name(wheel.name.split("-")[0]), {}))
+    name, version = canonicalize_name(wheel.name.split("-")[0]), wheel.name.split("-")[1]
+    rules = {**STRIP.get(name, {}), **STRIP.get(f"{name}=={version}", {})}  # a package's rules, or one release's
     if keep_fa2:
         rules.pop("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", None)
     return rules

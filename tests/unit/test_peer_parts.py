@@ -113,3 +113,24 @@ def test_peer_commands_and_missing_peer_message() -> None:
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(SystemExit, match="install_vllm.sh"):
             peers.check_available("vllm")
+
+
+def test_fetch_wheels_reports_requirements_the_closure_breaks():
+    """The walk takes the first requirement of each name; conflicts() then checks every asker (vLLM
+    0.25.1 pins apache-tvm-ffi==0.1.9 while xgrammar 0.2.9 asks >=0.1.11: that pair failed at import)."""
+    spec = importlib.util.spec_from_file_location("fetch_wheels", PEERS / "fetch_wheels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    wheels = [{"name": "vllm", "version": "0.25.1", "requires": ["apache-tvm-ffi==0.1.9", "xgrammar<1.0.0,>=0.2.1"]},
+              {"name": "apache-tvm-ffi", "version": "0.1.9", "requires": []},
+              {"name": "xgrammar", "version": "0.2.9", "requires": ["apache-tvm-ffi>=0.1.11", "torch>=1.10"]}]
+    assert mod.conflicts(wheels) == ["xgrammar 0.2.9 asks apache-tvm-ffi>=0.1.11, the closure has 0.1.9"]
+    wheels[2] = {"name": "xgrammar", "version": "0.2.1", "requires": ["apache-tvm-ffi>=0.1.9"]}
+    assert mod.conflicts(wheels) == []
+
+
+def test_a_release_specific_strip_rule_applies_to_that_release_only(tmp_path: Path):
+    pack_parts = _pack_parts()
+    assert "xgrammar/lib/libxgrammar.a" in pack_parts.strip_rules(
+        tmp_path / "xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl", keep_fa2=False)
+    assert pack_parts.strip_rules(tmp_path / "xgrammar-0.2.9-cp312-cp312-manylinux_2_28_x86_64.whl", keep_fa2=False) == {}
