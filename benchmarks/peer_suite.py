@@ -9,7 +9,8 @@ with the tokenizer beside it; both engines load that directory. Workloads:
 Greedy everywhere, prefix caching off on both. Every engine runs in its own process (a worker
 process for bs1 + offline, a server process for serving, started on a free 127.0.0.1 port and
 stopped by PID), one at a time: each takes most of the GPU. Prints ours/peer ratios with the
-roofline fraction (floors from DESIGN.md's H200 ceilings) and writes JSON.
+roofline fraction (floors from the copy bandwidth and GEMM rate each worker measures on the GPU;
+DESIGN.md's H200 ceilings on the CPU) and writes JSON.
 
 GPU machine, the peer installed from the carried parts (benchmarks/peers/install_vllm.sh, or
 install_lmdeploy.sh with /tmp/peer-site-lmdeploy and --peer lmdeploy: its PyTorch engine):
@@ -201,16 +202,20 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
 
 # -- the table --------------------------------------------------------------------------------------
 
-def rows(state: dict, peer: str, arch, args) -> list:
+def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> list:
+    """The table; floors from the ceilings our worker measured on this GPU (DESIGN.md's H200 ones
+    where no worker has run), the offline one over the dataset's (prompt, output) length pairs."""
     from tritongen.bench import roofline
     from tritongen.bench.gpu_suite_common import Row, ratio
 
     runs = state["runs"]
     ours, other = runs.get("tritongen", {}), runs.get(peer, {})
     get = lambda run, w, k: (run.get(w) or {}).get(k)  # noqa: E731
+    hw = roofline.Hardware(**(ours.get("ceilings") or other.get("ceilings") or {}))
+    state["hardware"] = {"bandwidth": hw.bandwidth, "flops": hw.flops}
     out = []
-    floor_ms = 1e3 * roofline.decode_step_floor(arch, args.dtype, [args.bs1_input_len + args.bs1_output_len // 2])[
-        "floor_s"]
+    floor_ms = 1e3 * roofline.decode_step_floor(arch, args.dtype, [args.bs1_input_len + args.bs1_output_len // 2],
+                                                hw)["floor_s"]
     frac = lambda ms: floor_ms / ms if ms else None  # noqa: E731
     fa, fb = frac(get(ours, "bs1", "decode_ms_per_step")), frac(get(other, "bs1", "decode_ms_per_step"))
     for key, name, unit in (("tok_s", "bs1 tok/s (e2e)", "tok/s"), ("decode_ms_per_step", "bs1 decode ms/step", "ms")):
@@ -218,9 +223,9 @@ def rows(state: dict, peer: str, arch, args) -> list:
         out.append(Row("bs1", f"{name} {args.bs1_input_len}/{args.bs1_output_len}", ours=a, peer=b, ratio=ratio(a, b),
                        fraction=fa, unit=unit, note=f"floor {floor_ms:.3f} ms/step; peer fraction {_f(fb)}"))
     max_batch = (ours.get("config") or {}).get("max_num_seqs") or 256
+    floor = state["offline_floor_s"] = roofline.dataset_floor(arch, args.dtype, pairs, max_batch, hw)["floor_s"]
     for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s")):
         a, b = get(ours, "offline", key), get(other, "offline", key)
-        floor = state.get("offline_floor_s")
         fa = floor / get(ours, "offline", "elapsed_time") if floor and a else None
         fb = floor / get(other, "offline", "elapsed_time") if floor and b else None
         out.append(Row("offline", f"offline {args.dataset}-{args.num_prompts} {key}", ours=a, peer=b,
@@ -281,7 +286,6 @@ def main(argv=None) -> int:
         os.environ.setdefault(name, value)
     if args.peer in args.sides:
         peers.check_available(args.peer)  # before minutes of checkpoint writing
-    from tritongen.bench import roofline
     from tritongen.bench.gpu_suite_common import format_table
     from tritongen.models.loader import read_arch
     from tritongen.tokenizer import load_tokenizer
@@ -296,8 +300,6 @@ def main(argv=None) -> int:
     requests, warm = gpu_serving.make_requests(args, tokenizer)
     arch = read_arch(model_dir)
     prompts, output_lens = offline_inputs(tokenizer, requests, arch.vocab_size)
-    state["offline_floor_s"] = roofline.dataset_floor(arch, args.dtype, list(zip(map(len, prompts), output_lens)),
-                                                      options.get("max_num_seqs") or 256)["floor_s"]
     plan = {"model_dir": model_dir, "ours_options": options, "dtype": args.dtype, "seed": args.seed,
             "vllm_kwargs": args.vllm_kwargs, "lmdeploy_kwargs": args.lmdeploy_kwargs,
             "bs1_output_len": args.bs1_output_len,
@@ -308,7 +310,7 @@ def main(argv=None) -> int:
         f"{sum(output_lens)} output tokens), concurrency {args.concurrency}")
     for side in args.sides:
         run_side(side, plan, model_dir, options, args, tokenizer, requests, warm, log_dir, state, state_path)
-    table = rows(state, args.peer, arch, args)
+    table = rows(state, args.peer, arch, args, list(zip(map(len, prompts), output_lens)))
     save(json_out, {**state, "checkpoint": ckpt, "rows": [asdict(r) for r in table], "argv": sys.argv})
     print(format_table(table), flush=True)
     log(f"JSON {json_out} (state {state_path})")

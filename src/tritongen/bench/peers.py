@@ -33,6 +33,7 @@ def save_checkpoint(model: str, out: Path, tokenizer_dir: Optional[str], dtype: 
     from safetensors.torch import save_file
 
     from tritongen.models.loader import hf_config_dict, load_model
+    from tritongen.runner.model_runner import resolve_device
 
     want = {"model": model, "dtype": dtype, "seed": seed, "tokenizer": str(tokenizer_dir or "")}
     stamp_path = out / STAMP
@@ -44,7 +45,7 @@ def save_checkpoint(model: str, out: Path, tokenizer_dir: Optional[str], dtype: 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    net, _ = load_model(model, getattr(torch, dtype), torch.device(device), seed=seed)
+    net, _ = load_model(model, getattr(torch, dtype), resolve_device(device), seed=seed)
     config = hf_config_dict(model)
     config["torch_dtype"] = dtype
     state = {name: t.detach().to("cpu").contiguous() for name, t in net.hf_state_dict().items()}
@@ -274,9 +275,11 @@ def make_side(name: str, plan: dict):
 
 def run_worker(name: str, plan: dict) -> dict:
     """The in-process workloads of one side (what plan["workloads"] names), in this process."""
+    ceilings = _ceilings(plan["dtype"])  # before the engine takes the device's memory
     t0 = time.monotonic()
     side = make_side(name, plan)
-    out: dict = {"side": name, "start_s": time.monotonic() - t0, "config": side.config, "env": _env()}
+    out: dict = {"side": name, "start_s": time.monotonic() - t0, "config": side.config, "env": _env(),
+                 **({"ceilings": ceilings} if ceilings else {})}
     print(f"[{name}] engine ready in {out['start_s']:.1f} s: {side.config}", flush=True)
     if "bs1" in plan["workloads"]:
         out["bs1"] = bs1(side, plan["bs1_prompts"], plan["bs1_output_len"])
@@ -287,6 +290,20 @@ def run_worker(name: str, plan: dict) -> dict:
         print(f"[{name}] offline: {out['offline']['rps']:.2f} req/s, {out['offline']['output_tok_s']:.0f} out tok/s",
               flush=True)
     side.close()
+    return out
+
+
+def _ceilings(dtype: str) -> Optional[dict]:
+    """This GPU's measured copy bandwidth (read + write) and GEMM rate in `dtype`, the Hardware the
+    table's floors use (an H100's are not DESIGN.md's H200 ones); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from tritongen.bench.gpu_suite_common import copy_bandwidth, gemm_flops
+
+    out = {"bandwidth": copy_bandwidth("cuda", 4 << 30), "flops": gemm_flops("cuda", 8192, dtype)}
+    torch.cuda.empty_cache()
     return out
 
 
