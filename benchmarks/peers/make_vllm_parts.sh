@@ -15,8 +15,8 @@
 # image has nvcc), pynvvideocodec / torchcodec (video), z3-solver, fastapi-cloud-cli, sentry-sdk.
 # Packages the image already has (gpu_image_packages.txt, from KINDS.md) are not downloaded
 # either: torch 2.11.0, torchvision 0.26.0, torchaudio 2.11.0 are exactly what vLLM 0.25.1 pins.
-# Measured on 2026-12-04: 85 wheels, 305.7 MiB downloaded -> 108.2 MiB of xz in 2 parts (xz -6
-# takes ~10 min on two busy cores).
+# Measured on 2026-12-05: 85 wheels, 341.5 MiB downloaded -> 113.2 MiB of xz in 3 parts, the last
+# 1.2 MiB (xz -6 took ~2 min on two cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VLLM=${VLLM:-vllm==0.25.1}
