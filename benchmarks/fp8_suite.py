@@ -1,5 +1,5 @@
 """FP8 on one GPU (issue 25), one job: the FP8 kernel tests on CUDA, the decode GEMMs of a model's
-shapes (bf16 cuBLAS, the FP8 weight-only Triton kernel, per-token FP8 + torch._scaled_mm) per row
+shapes (bf16 cuBLAS, the FP8 Triton kernel select_configs picks, per-token FP8 + torch._scaled_mm) per row
 count, then per model bf16 against `--quantization fp8` on the same dummy weights: batch-1 decode
 against each dtype's bandwidth floor, greedy token match and mean |Δlogprob| of fp8 against bf16,
 and offline sharegpt-like throughput. Prints a table last; JSON to $OUT/fp8_suite.json.
@@ -47,7 +47,8 @@ def section_tests() -> dict:
 
 def section_gemms(model: str) -> dict:
     """Device time per call (CUDA graphs, as decode runs) of each decode GEMM shape: bf16 F.linear,
-    the FP8 weight-only kernel at the tiling select_configs picks, and per-token FP8 + _scaled_mm."""
+    the FP8 Triton kernel select_configs picks (weight-only, or quantized tokens where "QUANT" is in
+    its config) with its tiling, and per-token FP8 + _scaled_mm."""
     from tritongen.ops.fp8 import Fp8Linear, Fp8Scales, _scaled_mm_linear
     from tritongen.ops.triton_fp8 import select_configs
     from tritongen.ops.triton_gemv import graph_time_us
@@ -66,7 +67,7 @@ def section_gemms(model: str) -> dict:
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
                 cfg, fp8_us = chosen[(n, k, scales.kind, rows)]
                 t = {"bf16": graph_time_us(lambda d: torch.nn.functional.linear(x, d.weight), dense),
-                     "fp8_weight_only": fp8_us}
+                     "fp8_triton": fp8_us}
                 if scales.kind == "channel":
                     t["fp8_scaled_mm"] = graph_time_us(
                         lambda layer: _scaled_mm_linear(x, layer.weight, layer.weight_scale, scales, None), layers)

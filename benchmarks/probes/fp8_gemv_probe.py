@@ -7,17 +7,19 @@ on bf16 copies of the same shapes:
 - `swap`: the product computed transposed, y.T = w @ x.T, so that the upcast weight tile is tl.dot's
   A operand (Hopper's wgmma takes A from registers; B, the 16-row x tile, from shared memory);
 - `swap8`: the same with x quantized per token to e4m3 beforehand (fp8 x fp8 on the tensor cores, no
-  upcast; the quantization kernel's own time is reported apart);
+  upcast): ops.triton_fp8.fp8_tokens_linear, the quantized-token kernel; the quantization kernel's
+  own time is reported apart (`quant x`);
 - `bf16`: cuBLAS and the best triton_gemv.skinny_linear candidate on bf16 weights (what the bf16
   model runs; its bytes are twice the fp8 ones).
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/fp8_gemv_probe.py [--rows 1,8,16] [--shapes 7b]
 
 Prints every variant's best µs and fp8-byte TB/s per shape and row count, and a table last. On an
-H100 (docs/quantization.md) `swap8` was the fastest on every 7B shape, 10-15 % under `current`,
-but only with x already quantized: a separate quantization kernel (2-6 µs) eats the gain, and a
-kernel that quantized x itself (each program reading x for the amax) lost on every shape, so the
-gain needs the quantization fused into the producers of x (the norms, SiLU·mul).
+H100 (docs/benchmarks.md, "FP8 weights") `swap8` was the fastest on every 7B shape, 10-19 % under
+`current`, but only with x already quantized: with the quantization kernel's 2-6 µs added it wins
+on some shapes only (select_configs measures the pair), and a kernel that quantized x itself (each
+program reading x for the amax) lost on every shape; the whole gain needs the quantization fused
+into the producers of x (the norms, SiLU·mul).
 `--check` only compares each variant with the reference on small random inputs (CPU: Triton's
 interpreter with TRITON_INTERPRET=1).
 """
@@ -34,7 +36,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
-from tritongen.ops.fp8 import Fp8Scales, fp8_linear_ref, quantize_tokens, quantize_weight  # noqa: E402
+from tritongen.ops.fp8 import Fp8Scales, fp8_linear_ref, quantize_weight  # noqa: E402
 
 SHAPES = {
     "7b": [("qkv", 12288, 4096), ("o_proj", 4096, 4096), ("gate_up", 22016, 4096), ("down", 4096, 11008)],
@@ -43,9 +45,9 @@ SHAPES = {
 
 
 @triton.jit
-def _swap_kernel(X, W, S, XS, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+def _swap_kernel(X, W, S, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 FP8_X: tl.constexpr, IEEE: tl.constexpr):
+                 IEEE: tl.constexpr):
     # acc [BLOCK_N, BLOCK_M] = w[n tile, k slice] @ x[:, k slice].T; grid (cdiv(N, BLOCK_N), SPLIT_K).
     pid_n = tl.program_id(0)
     if SPLIT_K == 1:
@@ -66,9 +68,7 @@ def _swap_kernel(X, W, S, XS, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
         k_ok = k < K
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if FP8_X:
-            acc = tl.dot(w, tl.trans(x), acc)
-        elif IEEE:
+        if IEEE:
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
         else:
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
@@ -81,8 +81,6 @@ def _swap_kernel(X, W, S, XS, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, 
         total, last = _split_sum_t(acc, PART, COUNTS, pid_n, tl.program_id(1), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
     if last:
         total = total * tl.load(S + n, mask=n_ok, other=0.0)[:, None]
-        if FP8_X:
-            total = total * tl.load(XS + m, mask=m_ok, other=0.0)[None, :]
         tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -103,23 +101,22 @@ def _split_sum_t(acc, PART, COUNTS, tile, split, m_ok, BLOCK_M: tl.constexpr, BL
     return total, last
 
 
-def swap_linear(x, q, scale, *, xs=None, block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1):
-    """y [M, N] = x @ (q * scale[:, None]).T; x [M <= 16, K] bf16/fp32, or e4m3 with xs [M] its scales."""
+def swap_linear(x, q, scale, *, block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1):
+    """y [M, N] = x @ (q * scale[:, None]).T; x [M <= 16, K] bf16/fp32."""
     from tritongen.ops.triton_gemv import split_workspace
 
     m, k = x.shape
     n = q.shape[0]
-    out_dtype = torch.bfloat16 if xs is not None else x.dtype
-    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, block_n)
     part = counts = None
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
         part, counts = split_workspace(x.device, tiles * split_k * 16 * block_n, tiles)
     _swap_kernel[(tiles, split_k)](
-        x, q, scale, xs if xs is not None else scale, y, part, counts, m, n, k, k_per_split, x.stride(0),
-        q.stride(0), y.stride(0), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        FP8_X=xs is not None, IEEE=x.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
+        x, q, scale, y, part, counts, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), BLOCK_M=16,
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32, num_warps=num_warps,
+        num_stages=num_stages)
     return y
 
 
@@ -139,12 +136,6 @@ def check(device: str) -> None:
             got = swap_linear(x, q, s, **cfg).float()
             err = ((got - want).norm() / want.norm()).item()
             assert err < (1e-5 if dtype == torch.float32 else 1e-2), (n, k, rows, cfg, err)
-        if device == "cuda":
-            xq, xs = quantize_tokens(x)
-            want8 = fp8_linear_ref(x, q, s, Fp8Scales("channel"), dynamic=True).float()
-            got8 = swap_linear(xq, q, s, xs=xs.reshape(-1), **swap_configs((2,))[0]).float()
-            err = ((got8 - want8).norm() / want8.norm()).item()
-            assert err < 1e-2, ("fp8 x", n, k, rows, err)
     print("check: every variant matches the reference", flush=True)
 
 
@@ -188,8 +179,7 @@ def main() -> int:
             fp8_w = list(range(copies))
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                xq, xs = quantize_tokens(x)
-                xs = xs.reshape(-1).contiguous()
+                xq, xs = triton_fp8_quant.quantize_tokens(x)
                 res = {}
                 res["cuBLAS bf16"] = (graph_time_us(lambda w: F.linear(x, w), dense), None)
                 res["skinny bf16"] = best(lambda w, c: triton_gemv.skinny_linear(x, w, **c),
@@ -200,8 +190,9 @@ def main() -> int:
                 splits = (1, 2, 4) if n <= 8192 else (1,)
                 res["swap fp8"] = best(lambda i, c: swap_linear(x, fp8[i][0], fp8[i][1], **c), swap_configs(splits),
                                        fp8_w)
-                res["swap8 fp8"] = best(lambda i, c: swap_linear(xq, fp8[i][0], fp8[i][1], xs=xs, **c),
-                                        swap_configs(splits), fp8_w)
+                res["swap8 fp8"] = best(
+                    lambda i, c: triton_fp8.fp8_tokens_linear(xq, xs, fp8[i][0], fp8[i][1], ch, None, c, x.dtype),
+                    triton_fp8.TOKEN_CONFIGS, fp8_w)
                 res["quant x"] = (graph_time_us(lambda w: triton_fp8_quant.quantize_tokens(x), [0]), None)
                 for variant, r in res.items():
                     if r is None:

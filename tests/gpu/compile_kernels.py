@@ -40,9 +40,10 @@ INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
-         "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}}
+         "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}, "_fp8_tokens_gemm": {"M", "N", "K", "K_PER_SPLIT"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
+                 "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
                  "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
@@ -53,7 +54,7 @@ INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addres
 INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "COUNT", "EPOCH"}
 # kernels whose last program reduces the splits' partials -> the constexpr that counts the splits
 LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS",
-                        "_fp8_weight_gemm": "SPLIT_K"}
+                        "_fp8_weight_gemm": "SPLIT_K", "_fp8_tokens_gemm": "SPLIT_K"}
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict:
@@ -157,20 +158,26 @@ def configs() -> list[tuple]:
                         dict(num_warps=c["num_warps"], num_stages=c["num_stages"])))
         if dtype == "bf16":
             out += _fp8_configs()
-            for c in map(tfq.launch_config, (4096, 8192, 11008)):  # per-token fp8 quantization: one block, looped
+            for c in map(tfq.launch_config, (4096, 11008, 28672)):  # per-token fp8 quantization: one block, looped
                 out.append((tfq._quantize_tokens_kernel, dtype, dict(BLOCK_K=c["BLOCK_K"], ONE_BLOCK=c["ONE_BLOCK"]),
                             dict(num_warps=c["num_warps"])))
     return out
 
 
 def _fp8_configs() -> list[tuple]:
-    """The FP8 weight-only kernel: every tiling candidate, decode and prefill row tiles (decode only
+    """The FP8 kernels: the quantized-token one's candidates (per-channel and per-tensor scales),
+    and the weight-only one's: every tiling candidate, decode and prefill row tiles (decode only
     for per-tensor scales, and for split-K: select_configs picks them for decode row buckets only),
     each scale layout (block: 128 x 128, the published checkpoints' size)."""
     out = []
     for kind, scales in (("channel", Fp8Scales("channel")), ("tensor", Fp8Scales("tensor")),
                          ("block", Fp8Scales("block", (128, 128)))):
         for c in tf8.candidates(scales):
+            if c.get("QUANT"):  # decode rows only; bias as the layer has it
+                out.append((tf8._fp8_tokens_gemm, "bf16", dict(
+                    SCALE_KIND=tf8._KIND[kind], HAS_BIAS=kind == "channel", BLOCK_M=tf8.TOKEN_MAX_ROWS,
+                    BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], SPLIT_K=c["SPLIT_K"]), dict(num_warps=c["num_warps"])))
+                continue
             for block_m in (16, 64) if kind != "tensor" and c["SPLIT_K"] == 1 else (16,):
                 out.append((tf8._fp8_weight_gemm, "bf16", dict(
                     SCALE_KIND=tf8._KIND[kind], SCALE_BN=128 if kind == "block" else 1,

@@ -63,7 +63,7 @@ def test_kernel_equals_the_reference(dtype, rows, k):
     _check(x)
 
 
-@pytest.mark.parametrize("k", [64, 11008])
+@pytest.mark.parametrize("k", [64, 11008, 20000])  # 20000: past ONE_BLOCK_MAX, read in two passes
 def test_all_zero_rows_get_the_minimum_scale(k):
     x = torch.randn(5, k, device=DEVICE)
     x[1] = 0
@@ -74,7 +74,7 @@ def test_all_zero_rows_get_the_minimum_scale(k):
     assert not q[1].float().any() and not q[4].float().any()
 
 
-@pytest.mark.parametrize("k", [1000, 11008])
+@pytest.mark.parametrize("k", [1000, 11008, 20000])
 def test_large_values_clamp_to_the_e4m3_range(k):
     torch.manual_seed(k)
     x = torch.randn(3, k, device=DEVICE) * 1e30

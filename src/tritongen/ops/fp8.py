@@ -12,9 +12,11 @@ skinny decode GEMM reads the weight bytes and upcasts in registers).
 
 On the CPU every product is the reference (weights dequantized to float32, activations as given).
 On CUDA (`fp8_linear`): decode-sized inputs (at most WEIGHT_ONLY_ROWS rows) and block-scaled
-weights run the weight-only Triton kernel (ops/triton_fp8.py: the fp8 bytes are read once and
-upcast in registers); larger channel/tensor-scaled products quantize the activations per token
-and run on the FP8 tensor cores (torch._scaled_mm with row-wise scales).
+weights run a Triton kernel (ops/triton_fp8.py), the one select_configs measured fastest for the
+layer's shape and row bucket: weight-only (the fp8 bytes read once and upcast in registers) or,
+for per-channel and per-tensor scales, the tokens quantized first and fp8 x fp8 on the tensor
+cores; larger channel/tensor-scaled products quantize the activations per token and run on the
+FP8 tensor cores (torch._scaled_mm with row-wise scales).
 """
 from __future__ import annotations
 

@@ -16,8 +16,18 @@ per-tensor scales and the bias once: triton_gemv's split_k_sum and split_workspa
 deterministic, CUDA-graph-safe reduction as the bf16 skinny GEMM. SPLIT_K == 1 is the plain single
 pass. Split configurations are more candidates for select_configs, used where measured faster.
 
-ops.fp8.fp8_linear_ref(dynamic=False) is the reference; tests/gpu/test_triton_fp8.py checks this
-kernel against it on CUDA and, with TRITON_INTERPRET=1, on the CPU.
+Quantized tokens (`_fp8_tokens_gemm`, per-channel and per-tensor scales, at most 16 rows): x
+quantized per token first (ops/triton_fp8_quant.py, one launch), then fp8 x fp8 on the tensor
+cores with no upcast, computed transposed (y.T = q @ xq.T) so that the weight tile is the MMA's A
+operand (64 rows: wgmma's M side) and the token rows its N side. The result is
+ops.fp8.fp8_linear_ref(dynamic=True)'s, as the _scaled_mm path gives larger batches. On an H100
+the product alone ran 10-19 % under the weight-only kernel on the 7B shapes, the quantization
+2-6 µs more (benchmarks/probes/fp8_gemv_probe.py), so the pair wins on some shapes only: its
+candidates join select_configs' measurement.
+
+ops.fp8.fp8_linear_ref (dynamic=False for the weight-only kernel, True for quantized tokens) is the
+reference; tests/gpu/test_triton_fp8.py checks both kernels against it on CUDA and, with
+TRITON_INTERPRET=1, on the CPU.
 """
 from __future__ import annotations
 
@@ -27,10 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
+from tritongen.ops import triton_fp8_quant
 from tritongen.ops.fp8_scales import Fp8Scales
 from tritongen.ops.triton_gemv import split_k_sum, split_workspace
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
+TOKEN_MAX_ROWS = 16
+"""Rows of the quantized-token kernel's x tile (the MMA's N side): decode batches only."""
 
 
 @triton.jit
@@ -95,6 +108,41 @@ def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.cons
              mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+                     SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    # Grid (cdiv(N, BLOCK_N), 1, SPLIT_K); XQ e4m3 [M <= BLOCK_M, K], XS its float32 row scales.
+    # Splits as in _fp8_weight_gemm; the row scales apply before the split sum (the same per row).
+    pid_n = tl.program_id(0)
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(2) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    m = tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = m < M
+    n_ok = n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    w_rows = W + n[:, None].to(tl.int64) * stride_wn
+    x_rows = XQ + m[:, None] * stride_xm
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc)
+    acc = tl.trans(acc) * tl.load(XS + m, mask=m_ok, other=0.0)[:, None]
+    if SPLIT_K == 1:
+        _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
+    else:
+        total, last = split_k_sum(acc, PART, COUNTS, pid_n, tl.program_id(2), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
+        if last:
+            _fp8_epilogue(total, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
+
+
 CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "SPLIT_K": 1}
                 for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4)) + \
     tuple({"BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": sk} for bn in (32, 64) for sk in (2, 4, 8))
@@ -103,6 +151,11 @@ single-pass tilings, then split-K ones (2/4/8 programs per N tile over slices of
 few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs). 18 candidates, so
 the load-time selection compiles up to 18 variants per scale layout and dtype and times
 18 x 3 row buckets CUDA graphs per distinct layer shape (a few ms each)."""
+TOKEN_CONFIGS = tuple({"BLOCK_N": 64, "BLOCK_K": bk, "num_warps": 4, "SPLIT_K": sk, "QUANT": True}
+                      for bk in (128, 256) for sk in (1, 2))
+"""Candidates of the quantized-token kernel (per-channel and per-tensor scales): 64 weight rows a
+tile (one warpgroup's wgmma M side) and the probe's winning K steps; with CONFIGS, select_configs
+times 22 candidates per shape and row bucket."""
 ROW_BUCKETS = (1, 8, 16)
 
 
@@ -111,11 +164,12 @@ def row_bucket(rows: int) -> int:
 
 
 def candidates(scales: Fp8Scales, k: Optional[int] = None) -> list[dict]:
-    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block) and, given
+    """The CONFIGS this scale layout allows (block scales: tiles inside one scale block; the
+    TOKEN_CONFIGS for per-channel and per-tensor scales) and, given
     the weight's K, without split-K configurations that would leave a split no K to cover. A
     split's slice of K is a multiple of BLOCK_K, which divides the scale block's K side, so block
     scales need no further restriction (each BLOCK_K piece of a split lies in one scale block)."""
-    configs = list(CONFIGS)
+    configs = list(CONFIGS) + (list(TOKEN_CONFIGS) if scales.kind != "block" else [])
     if scales.kind == "block":
         bn, bk = scales.block
         configs = [c for c in configs if bn % c["BLOCK_N"] == 0 and bk % c["BLOCK_K"] == 0]
@@ -146,15 +200,18 @@ def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
                bias: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
-    """Weight-only FP8 product on the Triton kernel; same result as
-    ops.fp8.fp8_linear_ref(x, q, scale, scales, bias, dynamic=False) up to float32 summation order.
-    `config`: one of candidates(scales) (what select_configs chose), else a default tiling."""
+    """FP8 product on the Triton kernels; same result as ops.fp8.fp8_linear_ref(x, q, scale, scales,
+    bias, dynamic=False) up to float32 summation order, dynamic=True's for a QUANT config.
+    `config`: one of candidates(scales) (what select_configs chose), else a default weight-only tiling."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
     n = q.shape[0]
+    if config is not None and config.get("QUANT"):
+        xq, xs = triton_fp8_quant.quantize_tokens(x2)
+        return fp8_tokens_linear(xq, xs, q, scale, scales, bias, config, x.dtype).reshape(*shape[:-1], n)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*shape[:-1], n)
@@ -173,6 +230,53 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
         num_warps=warps)
     return y.reshape(*shape[:-1], n)
+    block_m, block_n, block_k, warps, split_k = _blocks(scales, m, config)
+    s = scale.float() if scale.dtype != torch.float32 else scale
+    bn, bk = scales.block or (1, 1)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
+    part = counts = None  # SPLIT_K == 1 never touches them
+    if split_k > 1:
+        tiles = grid[0] * grid[1]
+        part, counts = split_workspace(x.device, tiles * split_k * block_m * block_n, tiles)
+    sizes = (m, n, k, _k_per_split(k, split_k, block_k))
+    if config is not None and config.get("QUANT"):
+        if scales.kind == "block":
+            raise ValueError("the quantized-token fp8 kernel takes per-channel or per-tensor scales, not block ones")
+        return fp8_tokens_linear(*triton_fp8_quant.quantize_tokens(x2), q, scale, scales, bias, config,
+                                 out_dtype=x.dtype).reshape(*shape[:-1], n)
+    _fp8_weight_gemm[grid](
+        x2, q, s, bias if bias is not None else s, y, part, counts, *sizes, x2.stride(0), q.stride(0),
+        y.stride(0), s.stride(0) if s.dim() == 2 else 0,
+        SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
+        num_warps=warps)
+    return y.reshape(*shape[:-1], n)
+
+
+def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
+                      bias: Optional[torch.Tensor], config: dict, out_dtype: torch.dtype) -> torch.Tensor:
+    """y [M, N] = (xq * xs) @ (q * scale).T (+ bias) in out_dtype, for tokens already quantized
+    (xq e4m3 [M <= TOKEN_MAX_ROWS, K], xs float32 [M, 1] as triton_fp8_quant.quantize_tokens gives
+    them) on the quantized-token kernel; `config` one of TOKEN_CONFIGS."""
+    m, k = xq.shape
+    n = q.shape[0]
+    if m > TOKEN_MAX_ROWS or scales.kind == "block":
+        raise ValueError(f"the quantized-token fp8 kernel takes at most {TOKEN_MAX_ROWS} rows and per-channel "
+                         f"or per-tensor scales, got {m} rows and {scales.kind} scales")
+    y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    s = scale.float() if scale.dtype != torch.float32 else scale
+    tiles = triton.cdiv(n, block_n)
+    part = counts = None  # SPLIT_K == 1 never touches them
+    if split_k > 1:
+        part, counts = split_workspace(xq.device, tiles * split_k * TOKEN_MAX_ROWS * block_n, tiles)
+    _fp8_tokens_gemm[(tiles, 1, split_k)](
+        xq, xs, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
+        xq.stride(0), q.stride(0), y.stride(0), SCALE_KIND=_KIND[scales.kind], HAS_BIAS=bias is not None,
+        BLOCK_M=TOKEN_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=config["num_warps"])
+    return y
 
 
 @torch.inference_mode()
