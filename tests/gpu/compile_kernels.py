@@ -44,7 +44,9 @@ SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_ker
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
-                 "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"}}
+                 "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"},
+                 "_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
+                 "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
                       "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
@@ -129,8 +131,9 @@ def configs() -> list[tuple]:
         for hidden in (576, 4096) if dtype == "bf16" else (4096,):
             block = triton.next_power_of_2(hidden)
             for offset in (False, True):  # Llama's form, Gemma's
-                out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
-                out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset)))
+                for quant in (False, True) if dtype == "bf16" else (False,):  # output quantized for fp8
+                    out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant)))
+                    out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant)))
         for hidden in (768, 4096):  # GPT-2, Bloom-7B1
             for has_bias in (True, False) if hidden == 768 else (True,):
                 block = triton.next_power_of_2(hidden)

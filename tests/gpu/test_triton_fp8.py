@@ -178,3 +178,32 @@ def test_quantized_token_kernel_refuses_what_it_cannot_take():
     qb, sb = quantize_weight(torch.randn(128, 128, device=DEVICE), Fp8Scales("block", (128, 128)))
     with pytest.raises(ValueError, match="per-channel or per-tensor"):
         fp8_linear(torch.randn(2, 128, device=DEVICE), qb, sb, Fp8Scales("block", (128, 128)), config=TOKEN_CONFIGS[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine on CUDA")
+def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
+    """With every norm-fed fp8 projection on a quantized-token kernel, the RMSNorms hand them their
+    input quantized (one kernel each) and the result is bit for bit what the layers get quantizing
+    the norms' bf16 output themselves (the norm's fused epilogue is the quantization kernel's)."""
+    from tritongen import LLM, SamplingParams
+    from tritongen.models import llama
+    from tritongen.ops.fp8 import Fp8Linear
+    from tritongen.ops.triton_fp8 import ROW_BUCKETS, TOKEN_CONFIGS
+
+    llm = LLM("dummy:tiny-llama", dtype="bfloat16", device="cuda", quantization="fp8", enforce_eager=True)
+    fed = [m for m in llm.engine.runner.model.modules() if isinstance(m, Fp8Linear) and m.input_from_norm]
+    assert len(fed) == 2 * len(llm.engine.runner.model.model.layers)  # qkv and gate_up of every layer
+    for layer in fed:
+        layer.kernel_configs = {rows: TOKEN_CONFIGS[1] for rows in ROW_BUCKETS}
+    handed = []
+    real = llama._hands_tokens
+    monkeypatch.setattr(llama, "_hands_tokens", lambda *a: handed.append(real(*a)) or handed[-1])
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    prompts = [[5, 17, 300, 42], [7] * 3]
+    fused = llm.generate(prompts, params)
+    assert any(handed)  # the decode steps (at most 16 rows) took the fused path
+    monkeypatch.setattr(llama, "_hands_tokens", lambda *a: False)
+    plain = llm.generate(prompts, params)
+    for a, b in zip(fused, plain):
+        assert a.token_ids == b.token_ids
+        assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]

@@ -90,3 +90,28 @@ def test_strided_rows_and_empty_batch():
     _check(x)
     q, s = quantize_tokens(x[:0])
     assert q.shape == (0, 512) and s.shape == (0, 1)
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["norm", "add_norm"])
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["llama", "gemma"])
+@pytest.mark.parametrize("rows, n", [(1, 576), (5, 4096)])
+def test_rms_norm_hands_its_output_quantized(add, offset, rows, n):
+    """The RMSNorm kernels' QUANT epilogue (ops.kernels.rms_norm_fp8 / add_rms_norm_fp8 on CUDA): q
+    and scale of quantize_tokens applied to the norm's own output, and, with the add, the same sum."""
+    from tritongen.ops import triton_elementwise as te
+
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    torch.manual_seed(rows + n)
+    x, r = (torch.randn(rows, n, device=DEVICE).to(dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(n, device=DEVICE)).to(dtype)
+    if add:
+        (q, s), total = te.add_rms_norm_fp8(x, r, w, 1e-6, offset)
+        y, want_total = te.add_rms_norm(x, r, w, 1e-6, offset)
+        assert torch.equal(total, want_total)
+    else:
+        q, s = te.rms_norm_fp8(x, w, 1e-6, offset)
+        y = te.rms_norm(x, w, 1e-6, offset)
+    want_q, want_s = quantize_ref(y)
+    assert q.dtype == E4M3 and q.shape == (rows, n) and s.shape == (rows, 1)
+    assert torch.equal(s, want_s)
+    assert torch.equal(q.float(), _want_q(y, want_q, want_s).float())

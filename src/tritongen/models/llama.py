@@ -14,7 +14,7 @@ from torch import nn
 from tritongen.models.arch import ModelArch
 from tritongen.ops import kernels, reference
 from tritongen.ops.attention import AttentionMetadata, rotary_attention
-from tritongen.ops.fp8 import Fp8Linear, stack_fp8
+from tritongen.ops.fp8 import Fp8Linear, Fp8Tokens, stack_fp8
 
 
 class Linear(nn.Linear):
@@ -34,11 +34,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.offset = offset
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Tokens:
+        """quantize: the output quantized per token (Fp8Tokens), for an fp8 projection that takes it so."""
+        if quantize:
+            return kernels.rms_norm_fp8(x, self.weight, self.eps, self.offset)
         return kernels.rms_norm(x, self.weight, self.eps, self.offset)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual): the residual add fused into the norm."""
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor,
+                    quantize: bool = False) -> tuple[torch.Tensor | Fp8Tokens, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused into the norm; quantize as in forward."""
+        if quantize:
+            return kernels.add_rms_norm_fp8(x, residual, self.weight, self.eps, self.offset)
         return kernels.add_rms_norm(x, residual, self.weight, self.eps, self.offset)
 
 
@@ -149,13 +155,23 @@ class LlamaDecoderLayer(nn.Module):
         """x: the previous sublayer's output, still to be added to `residual` (None for the first
         layer, whose x is the embedding). Returns this layer's MLP output and the residual stream:
         each add happens inside the next norm (the same sums as x + f(norm(x)), fewer launches)."""
+        quantize = _hands_tokens(self.input_layernorm, getattr(self.self_attn, "qkv_proj", None), x)
         if residual is None:
-            residual, h = x, self.input_layernorm(x)
+            residual, h = x, self.input_layernorm(x, quantize=quantize)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual)
+            h, residual = self.input_layernorm.add_forward(x, residual, quantize=quantize)
+        out = self.self_attn(h, cos, sin, kv_cache, attn)
+        mlp = self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None
         h, residual = self.post_attention_layernorm.add_forward(
-            self.self_attn(h, cos, sin, kv_cache, attn), residual)
+            out, residual, quantize=_hands_tokens(self.post_attention_layernorm, mlp, out))
         return self.mlp(h), residual
+
+
+def _hands_tokens(norm: nn.Module, projection: Optional[nn.Module], x: torch.Tensor) -> bool:
+    """Whether `norm` hands `projection` its output quantized per token: a stacked fp8 projection
+    whose decode kernel for this many rows takes quantized tokens, after a plain RMSNorm (tensor
+    parallelism's reducing norms keep their own add_forward)."""
+    return type(norm) is RMSNorm and isinstance(projection, Fp8Linear) and projection.takes_tokens(x)
 
 
 class LlamaModel(nn.Module):
@@ -215,10 +231,12 @@ class LlamaForCausalLM(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_proj = _stack(attn.q_proj, attn.k_proj, attn.v_proj)
             del attn.q_proj, attn.k_proj, attn.v_proj
+            _mark_norm_fed(attn.qkv_proj, layer.input_layernorm)
             if not isinstance(mlp, LlamaMLP):  # an MoE block (models/moe.py) keeps its experts stacked
                 continue
             mlp.gate_up_proj = _stack(mlp.gate_proj, mlp.up_proj)
             del mlp.gate_proj, mlp.up_proj
+            _mark_norm_fed(mlp.gate_up_proj, layer.post_attention_layernorm)
         self._register_state_dict_hook(_split_fused)
         self._register_load_state_dict_pre_hook(_stack_fused)
 
@@ -240,6 +258,13 @@ class LlamaForCausalLM(nn.Module):
 
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _mark_norm_fed(projection: nn.Module, norm: nn.Module) -> None:
+    """An fp8 projection after a plain RMSNorm may get its input quantized by the norm
+    (_hands_tokens): select_configs then times its quantized-token kernel without the quantization."""
+    if isinstance(projection, Fp8Linear) and type(norm) is RMSNorm:
+        projection.input_from_norm = True
 
 
 def _stack(*linears: nn.Module) -> nn.Module:

@@ -20,7 +20,7 @@ FP8 tensor cores (torch._scaled_mm with row-wise scales).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -99,6 +99,22 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales
     return out.to(x.dtype).reshape(*shape[:-1], q.shape[0])
 
 
+class Fp8Tokens(NamedTuple):
+    """Activations quantized per token by the op that produced them (the RMSNorm before a stacked
+    fp8 projection, ops.kernels.rms_norm_fp8): what quantize_tokens would make of them."""
+
+    q: torch.Tensor
+    """float8_e4m3fn [T, K]."""
+    scale: torch.Tensor
+    """float32 [T, 1]."""
+    dtype: torch.dtype
+    """The activations' dtype: the product's output dtype."""
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
                bias: Optional[torch.Tensor] = None, configs: Optional[dict] = None) -> torch.Tensor:
     """x @ dequant(q).T (+ bias) on the device's path (see the module docstring); `configs`: the
@@ -145,6 +161,9 @@ class Fp8Linear(nn.Module):
                      if bias else None)
         self.kernel_configs: dict[int, dict] = {}
         """CUDA: the Triton kernel's tiling per row bucket, measured at load (triton_fp8.select_configs)."""
+        self.input_from_norm = False
+        """The model hands this layer its input from an RMSNorm that can quantize it per token
+        (Fp8Tokens): select_configs then times the quantized-token kernel without the quantization."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel")) -> "Fp8Linear":
@@ -160,7 +179,23 @@ class Fp8Linear(nn.Module):
                 out.bias.copy_(linear.bias.detach())
         return out
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_tokens(self, x: torch.Tensor) -> bool:
+        """Whether this layer's decode kernel for x's row count takes quantized tokens (select_configs
+        chose a QUANT configuration), so its producer may hand it Fp8Tokens instead of x."""
+        rows = x.numel() // x.shape[-1]
+        if not (x.is_cuda and self.kernel_configs and rows <= WEIGHT_ONLY_ROWS):
+            return False
+        from tritongen.ops import triton_fp8
+
+        return bool(self.kernel_configs.get(triton_fp8.row_bucket(rows), {}).get("QUANT"))
+
+    def forward(self, x: torch.Tensor | Fp8Tokens) -> torch.Tensor:
+        if isinstance(x, Fp8Tokens):  # only where takes_tokens said so
+            from tritongen.ops import triton_fp8
+
+            config = self.kernel_configs[triton_fp8.row_bucket(x.q.shape[0])]
+            return triton_fp8.fp8_tokens_linear(x.q, x.scale, self.weight, self.weight_scale, self.scales, self.bias,
+                                                config, x.dtype)
         return fp8_linear(x, self.weight, self.weight_scale, self.scales, self.bias, self.kernel_configs)
 
     def extra_repr(self) -> str:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tritongen.ops import reference
+from tritongen.ops.fp8 import Fp8Tokens, quantize_tokens
 
 
 @dataclass
@@ -101,6 +102,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     return _impl(x).add_rms_norm(x, residual, weight, eps, offset)
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> Fp8Tokens:
+    """rms_norm's output quantized per token for an fp8 projection that takes it so (Fp8Linear.takes_tokens):
+    quantize_tokens(rms_norm(x)), one kernel on CUDA."""
+    if x.is_cuda and current().triton:
+        return Fp8Tokens(*_triton("triton_elementwise").rms_norm_fp8(x, weight, eps, offset), x.dtype)
+    return Fp8Tokens(*quantize_tokens(reference.rms_norm(x, weight, eps, offset).reshape(-1, x.shape[-1])), x.dtype)
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
+                     ) -> tuple[Fp8Tokens, torch.Tensor]:
+    """add_rms_norm with the normalized rows quantized per token (rms_norm_fp8); the sum as usual."""
+    if x.is_cuda and current().triton:
+        qs, s = _triton("triton_elementwise").add_rms_norm_fp8(x, residual, weight, eps, offset)
+        return Fp8Tokens(*qs, x.dtype), s
+    y, s = reference.add_rms_norm(x, residual, weight, eps, offset)
+    return Fp8Tokens(*quantize_tokens(y.reshape(-1, x.shape[-1])), x.dtype), s
 
 
 def qk_rms_norm_(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, num_q: int, num_k: int,

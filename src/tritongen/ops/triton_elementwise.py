@@ -1,5 +1,6 @@
 """Triton kernels for the per-token ops of a layer: RMSNorm (alone and fused with the residual add
-before it; Llama's and Gemma's forms), LayerNorm with bias (alone and fused likewise: GPT-2,
+before it; Llama's and Gemma's forms; either may quantize its output per token to e4m3 for an fp8
+projection, ops.fp8.Fp8Tokens), LayerNorm with bias (alone and fused likewise: GPT-2,
 Bloom), rotary, SiLU·mul, the tanh GELUs (alone: GPT-2, Bloom; times up: Gemma's GeGLU).
 
 Why: in a CUDA-graph decode step the reference versions launch ~7 (RMSNorm), ~10 (rotary) and 2
@@ -18,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritongen.ops.triton_fp8_quant import store_quantized_row
+
 
 @triton.jit
 def _scale(x, rstd, W, cols, ok, w_offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.constexpr):
@@ -30,22 +33,46 @@ def _scale(x, rstd, W, cols, ok, w_offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.c
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, stride_x, stride_y, N, eps, w_offset, BLOCK: tl.constexpr, OFFSET: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, Q, QS, stride_x, stride_y, N, eps, w_offset, BLOCK: tl.constexpr,
+                     OFFSET: tl.constexpr, QUANT: tl.constexpr):
+    # QUANT: the row (rounded to Y's dtype, as stored otherwise) goes to Q/QS quantized per token
+    # instead of to Y (Y then only names the dtype and is not written).
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-    tl.store(Y + row * stride_y + cols, _scale(x, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET), mask=ok)
+    y = _scale(x, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET)
+    if QUANT:
+        store_quantized_row(y.to(tl.float32), Q + row * N, QS + row, cols, ok)
+    else:
+        tl.store(Y + row * stride_y + cols, y, mask=ok)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     x2 = _rows(x, x.shape[-1])
     y = torch.empty_like(x2)
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), x2.shape[1], eps, offset,
-                                         BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset))
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, None, None, x2.stride(0), y.stride(0), x2.shape[1], eps,
+                                         offset, BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset),
+                                         QUANT=False)
     return y.view(x.shape)
+
+
+def _fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x2.device),
+            torch.empty(x2.shape[0], 1, dtype=torch.float32, device=x2.device))
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) = ops.fp8.quantize_tokens(rms_norm(x)) in one launch: x [T, N] -> e4m3 [T, N], float32 [T, 1]."""
+    x2 = _rows(x, x.shape[-1])
+    q, qs = _fp8_rows(x2)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, x2, q, qs, x2.stride(0), 0, x2.shape[1], eps, offset,
+                                         BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset), QUANT=True)
+    return q, qs
 
 
 @triton.jit
@@ -65,14 +92,19 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @triton.jit
-def _add_rms_norm_kernel(X, R, W, Y, S, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
-                         OFFSET: tl.constexpr):
+def _add_rms_norm_kernel(X, R, W, Y, S, Q, QS, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
+                         OFFSET: tl.constexpr, QUANT: tl.constexpr):
+    # QUANT: as in _rms_norm_kernel (the sum still goes to S).
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     s = _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok)
     rstd = 1.0 / tl.sqrt(tl.sum(s * s, 0) / N + eps)
-    tl.store(Y + row * N + cols, _scale(s, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET), mask=ok)
+    y = _scale(s, rstd, W, cols, ok, w_offset, Y.dtype.element_ty, OFFSET)
+    if QUANT:
+        store_quantized_row(y.to(tl.float32), Q + row * N, QS + row, cols, ok)
+    else:
+        tl.store(Y + row * N + cols, y, mask=ok)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
@@ -82,9 +114,23 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     s = torch.empty_like(y)
     if x2.shape[0]:
-        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, x2.stride(0), r2.stride(0), x2.shape[1], eps,
-                                             offset, BLOCK=triton.next_power_of_2(x2.shape[1]), OFFSET=bool(offset))
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, None, None, x2.stride(0), r2.stride(0),
+                                             x2.shape[1], eps, offset, BLOCK=triton.next_power_of_2(x2.shape[1]),
+                                             OFFSET=bool(offset), QUANT=False)
     return y.view(x.shape), s.view(x.shape)
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """((q, scale) of quantize_tokens(rms_norm(x + residual)), x + residual) in one launch."""
+    x2, r2 = _rows(x, x.shape[-1]), _rows(residual, x.shape[-1])
+    s = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    q, qs = _fp8_rows(x2)
+    if x2.shape[0]:
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, s, s, q, qs, x2.stride(0), r2.stride(0), x2.shape[1],
+                                             eps, offset, BLOCK=triton.next_power_of_2(x2.shape[1]),
+                                             OFFSET=bool(offset), QUANT=True)
+    return (q, qs), s.view(x.shape)
 
 
 @triton.jit

@@ -279,6 +279,17 @@ def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale
     return y
 
 
+def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, input_from_norm: bool) -> Callable:
+    """What a decode step runs for one layer with `config`: fp8_linear on x, or, for a quantized-token
+    config of a layer whose RMSNorm quantizes its input (Fp8Linear.input_from_norm), the product on
+    tokens quantized beforehand (the norm's epilogue does it in the step)."""
+    if config.get("QUANT") and input_from_norm:
+        xq, xs = triton_fp8_quant.quantize_tokens(x)
+        return lambda layer: fp8_tokens_linear(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config,
+                                               x.dtype)
+    return lambda layer: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, config)
+
+
 @torch.inference_mode()
 def select_configs(layers: list, dtype: torch.dtype,
                    agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, dict]:
@@ -287,7 +298,9 @@ def select_configs(layers: list, dtype: torch.dtype,
     layer keeps its shape's fastest in `layer.kernel_configs` {row bucket: config}. Called once at
     load, before capture: graph_time_us runs each candidate eagerly first, which also grows the
     shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
-    never allocates. A layout without candidates keeps the default tiling. `agree` maps all the
+    never allocates. A layout without candidates keeps the default tiling. Layers whose RMSNorm
+    quantizes their input (input_from_norm) have their quantized-token candidates timed without the
+    quantization, as the step runs them. `agree` maps all the
     timings at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel
     ranks pass the mean over the ranks, so that every rank runs the same kernels).
     Returns {(N, K, kind, rows): (config, microseconds)}."""
@@ -295,17 +308,15 @@ def select_configs(layers: list, dtype: torch.dtype,
 
     groups: dict[tuple, list] = {}
     for layer in layers:
-        groups.setdefault((*layer.weight.shape, layer.scales), []).append(layer)
+        groups.setdefault((*layer.weight.shape, layer.scales, layer.input_from_norm), []).append(layer)
     cases = []  # (n, k, scales, group, rows, configs)
-    for (n, k, scales), group in groups.items():
+    for (n, k, scales, _), group in groups.items():
         configs = candidates(scales, k)
         cases += [(n, k, scales, group, rows, configs) for rows in ROW_BUCKETS if configs]
     times = []
     for n, k, scales, group, rows, configs in cases:
         x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-        times += [graph_time_us(
-            lambda layer, cfg=cfg: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, cfg),
-            group) for cfg in configs]
+        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].input_from_norm), group) for cfg in configs]
     if agree is not None:
         times = agree(times)
     made, at = {}, 0

@@ -30,6 +30,18 @@ _MIN = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
+def store_quantized_row(x, Q_row, S_row, cols, ok):
+    """Quantize one float32 row (zeros where ~ok) as ops.fp8.quantize_tokens does: scale =
+    max(amax / E4M3_MAX, MIN_SCALE), q = clamp(x / scale) to nearest even, IEEE divisions; store q
+    at Q_row + cols and the scale at S_row. Also the epilogue of the RMSNorm kernels that hand an
+    fp8 projection its input quantized (ops/triton_elementwise.py)."""
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), _E4M3_MAX), _MIN)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -_E4M3_MAX), _E4M3_MAX)
+    tl.store(Q_row + cols, q.to(Q_row.dtype.element_ty), mask=ok)
+    tl.store(S_row, scale)
+
+
+@triton.jit
 def _quantize_tokens_kernel(X, Q, S, k_size, stride_xm, BLOCK_K: tl.constexpr, ONE_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_xm
@@ -37,9 +49,7 @@ def _quantize_tokens_kernel(X, Q, S, k_size, stride_xm, BLOCK_K: tl.constexpr, O
     if ONE_BLOCK:
         k = tl.arange(0, BLOCK_K)
         x = tl.load(x_row + k, mask=k < k_size, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), _E4M3_MAX), _MIN)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -_E4M3_MAX), _E4M3_MAX)
-        tl.store(q_row + k, q.to(Q.dtype.element_ty), mask=k < k_size)
+        store_quantized_row(x, q_row, S + row, k, k < k_size)
     else:
         top = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, k_size, BLOCK_K):
@@ -52,7 +62,7 @@ def _quantize_tokens_kernel(X, Q, S, k_size, stride_xm, BLOCK_K: tl.constexpr, O
             x = tl.load(x_row + k, mask=k < k_size, other=0.0).to(tl.float32)
             q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -_E4M3_MAX), _E4M3_MAX)
             tl.store(q_row + k, q.to(Q.dtype.element_ty), mask=k < k_size)
-    tl.store(S + row, scale)
+        tl.store(S + row, scale)
 
 
 def launch_config(k: int) -> dict:
