@@ -46,6 +46,7 @@ POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
                  "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"},
                  "_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
+                 "_silu_mul_fp8_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
                  "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
@@ -147,6 +148,8 @@ def configs() -> list[tuple]:
             out.append((tl_._lamport_kernel, dtype, dict(RANK=rank, WORLD=2, WORLD_POW2=2, BITS=16, TIMEOUT=True,
                                                          BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
+        if dtype == "bf16":  # quantized for an fp8 down_proj: 7B / 13B MLP widths, one program a row
+            out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=8)))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU
             out.append((te._gelu_tanh_kernel, dtype, dict(BLOCK=1024, GATED=gated)))
         for offset in (False, True):  # Qwen3-8B's qk-norm, Gemma 3's (1 + w)

@@ -182,17 +182,18 @@ def test_quantized_token_kernel_refuses_what_it_cannot_take():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine on CUDA")
 def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
-    """With every norm-fed fp8 projection on a quantized-token kernel, the RMSNorms hand them their
-    input quantized (one kernel each) and the result is bit for bit what the layers get quantizing
-    the norms' bf16 output themselves (the norm's fused epilogue is the quantization kernel's)."""
+    """With every fp8 projection whose producer can quantize (qkv and gate_up after their RMSNorms,
+    down_proj after SiLU·mul) on a quantized-token kernel, the producers hand them their input
+    quantized (in their own kernel) and the result is bit for bit what the layers get quantizing
+    the bf16 output themselves (the epilogue is the quantization kernel's)."""
     from tritongen import LLM, SamplingParams
     from tritongen.models import llama
     from tritongen.ops.fp8 import Fp8Linear
     from tritongen.ops.triton_fp8 import ROW_BUCKETS, TOKEN_CONFIGS
 
     llm = LLM("dummy:tiny-llama", dtype="bfloat16", device="cuda", quantization="fp8", enforce_eager=True)
-    fed = [m for m in llm.engine.runner.model.modules() if isinstance(m, Fp8Linear) and m.input_from_norm]
-    assert len(fed) == 2 * len(llm.engine.runner.model.model.layers)  # qkv and gate_up of every layer
+    fed = [m for m in llm.engine.runner.model.modules() if isinstance(m, Fp8Linear) and m.producer_quantizes]
+    assert len(fed) == 3 * len(llm.engine.runner.model.model.layers)  # qkv, gate_up and down of every layer
     for layer in fed:
         layer.kernel_configs = {rows: TOKEN_CONFIGS[1] for rows in ROW_BUCKETS}
     handed = []
@@ -203,6 +204,7 @@ def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
     fused = llm.generate(prompts, params)
     assert any(handed)  # the decode steps (at most 16 rows) took the fused path
     monkeypatch.setattr(llama, "_hands_tokens", lambda *a: False)
+    monkeypatch.setattr(Fp8Linear, "takes_tokens", lambda self, x: False)  # SiLU·mul's side too
     plain = llm.generate(prompts, params)
     for a, b in zip(fused, plain):
         assert a.token_ids == b.token_ids

@@ -115,3 +115,21 @@ def test_rms_norm_hands_its_output_quantized(add, offset, rows, n):
     assert q.dtype == E4M3 and q.shape == (rows, n) and s.shape == (rows, 1)
     assert torch.equal(s, want_s)
     assert torch.equal(q.float(), _want_q(y, want_q, want_s).float())
+
+
+@pytest.mark.parametrize("rows, n", [(1, 1536), (5, 11008)])
+def test_silu_mul_hands_its_output_quantized(rows, n):
+    """SiLU·mul's fp8 kernel (ops.kernels.silu_and_mul_fp8 on CUDA): q and scale of quantize_tokens
+    applied to the SiLU·mul kernel's own output."""
+    from tritongen.ops import triton_elementwise as te
+
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    torch.manual_seed(rows + n)
+    gate_up = (torch.randn(rows, 2 * n, device=DEVICE) * 3).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)  # strided halves, as the stacked projection's output
+    q, s = te.silu_and_mul_fp8(gate, up)
+    y = te.silu_and_mul(gate, up)
+    want_q, want_s = quantize_ref(y)
+    assert q.dtype == E4M3 and q.shape == (rows, n) and s.shape == (rows, 1)
+    assert torch.equal(s, want_s)
+    assert torch.equal(q.float(), _want_q(y, want_q, want_s).float())

@@ -137,7 +137,10 @@ class LlamaMLP(nn.Module):
         if self.gate_up_proj is None:
             return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
         if not isinstance(self.gate_up_proj, nn.Linear):  # FP8 (ops.fp8.Fp8Linear): its own product
-            return self.down_proj(kernels.silu_and_mul(*self.gate_up_proj(x).chunk(2, dim=-1)))
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            if isinstance(self.down_proj, Fp8Linear) and self.down_proj.takes_tokens(gate):
+                return self.down_proj(kernels.silu_and_mul_fp8(gate, up))  # quantized in SiLU·mul's kernel
+            return self.down_proj(kernels.silu_and_mul(gate, up))
         # SiLU·mul in the GEMM's epilogue for decode batches where that was measured faster
         return self.down_proj(kernels.gated_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias))
 
@@ -237,6 +240,9 @@ class LlamaForCausalLM(nn.Module):
             mlp.gate_up_proj = _stack(mlp.gate_proj, mlp.up_proj)
             del mlp.gate_proj, mlp.up_proj
             _mark_norm_fed(mlp.gate_up_proj, layer.post_attention_layernorm)
+            if mlp.act in ("silu", "swish") and isinstance(mlp.gate_up_proj, Fp8Linear) and \
+                    isinstance(mlp.down_proj, Fp8Linear):
+                mlp.down_proj.producer_quantizes = True  # SiLU·mul's kernel can quantize its input
         self._register_state_dict_hook(_split_fused)
         self._register_load_state_dict_pre_hook(_stack_fused)
 
@@ -264,7 +270,7 @@ def _mark_norm_fed(projection: nn.Module, norm: nn.Module) -> None:
     """An fp8 projection after a plain RMSNorm may get its input quantized by the norm
     (_hands_tokens): select_configs then times its quantized-token kernel without the quantization."""
     if isinstance(projection, Fp8Linear) and type(norm) is RMSNorm:
-        projection.input_from_norm = True
+        projection.producer_quantizes = True
 
 
 def _stack(*linears: nn.Module) -> nn.Module:

@@ -161,8 +161,8 @@ class Fp8Linear(nn.Module):
                      if bias else None)
         self.kernel_configs: dict[int, dict] = {}
         """CUDA: the Triton kernel's tiling per row bucket, measured at load (triton_fp8.select_configs)."""
-        self.input_from_norm = False
-        """The model hands this layer its input from an RMSNorm that can quantize it per token
+        self.producer_quantizes = False
+        """The op before this layer (an RMSNorm, SiLU·mul) can write its input quantized per token
         (Fp8Tokens): select_configs then times the quantized-token kernel without the quantization."""
 
     @classmethod

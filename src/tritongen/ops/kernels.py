@@ -173,6 +173,14 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _impl(gate).silu_and_mul(gate, up)
 
 
+def silu_and_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> Fp8Tokens:
+    """silu_and_mul's output quantized per token for an fp8 projection that takes it so
+    (Fp8Linear.takes_tokens): quantize_tokens(silu_and_mul(gate, up)), one kernel on CUDA."""
+    if gate.is_cuda and current().triton:
+        return Fp8Tokens(*_triton("triton_elementwise").silu_and_mul_fp8(gate, up), gate.dtype)
+    return Fp8Tokens(*quantize_tokens(reference.silu_and_mul(gate, up).reshape(-1, gate.shape[-1])), gate.dtype)
+
+
 def gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """silu(gate) * up of a stacked gate/up projection (weight [2N, K]: gate rows, then up rows):
     one fused kernel for decode batches where select_gated_kernels measured it faster, else the

@@ -252,6 +252,28 @@ def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
     tl.store(Y + row * N + cols, silu_mul(g, u, Y.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _silu_mul_fp8_kernel(G, U, Q, QS, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
+    # One program per row: silu(g) * u rounded to Y's dtype (Y names it and is not written), then
+    # quantized per token to Q / QS.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    g = tl.load(G + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=ok, other=0.0).to(tl.float32)
+    store_quantized_row(silu_mul(g, u, Y.dtype.element_ty).to(tl.float32), Q + row * N, QS + row, cols, ok)
+
+
+def silu_and_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) = ops.fp8.quantize_tokens(silu_and_mul(gate, up)) in one launch (a row per program)."""
+    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
+    q, qs = _fp8_rows(g2)
+    if g2.shape[0]:
+        _silu_mul_fp8_kernel[(g2.shape[0],)](g2, u2, q, qs, g2, g2.stride(0), u2.stride(0), g2.shape[1],
+                                             BLOCK=triton.next_power_of_2(g2.shape[1]), num_warps=8)
+    return q, qs
+
+
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
     y = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)

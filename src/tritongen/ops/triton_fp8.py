@@ -279,11 +279,11 @@ def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale
     return y
 
 
-def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, input_from_norm: bool) -> Callable:
+def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, producer_quantizes: bool) -> Callable:
     """What a decode step runs for one layer with `config`: fp8_linear on x, or, for a quantized-token
-    config of a layer whose RMSNorm quantizes its input (Fp8Linear.input_from_norm), the product on
-    tokens quantized beforehand (the norm's epilogue does it in the step)."""
-    if config.get("QUANT") and input_from_norm:
+    config of a layer whose producer quantizes its input (Fp8Linear.producer_quantizes), the product on
+    tokens quantized beforehand (the producer's epilogue does it in the step)."""
+    if config.get("QUANT") and producer_quantizes:
         xq, xs = triton_fp8_quant.quantize_tokens(x)
         return lambda layer: fp8_tokens_linear(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config,
                                                x.dtype)
@@ -298,8 +298,8 @@ def select_configs(layers: list, dtype: torch.dtype,
     layer keeps its shape's fastest in `layer.kernel_configs` {row bucket: config}. Called once at
     load, before capture: graph_time_us runs each candidate eagerly first, which also grows the
     shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
-    never allocates. A layout without candidates keeps the default tiling. Layers whose RMSNorm
-    quantizes their input (input_from_norm) have their quantized-token candidates timed without the
+    never allocates. A layout without candidates keeps the default tiling. Layers whose producer
+    (an RMSNorm, SiLU·mul) quantizes their input (producer_quantizes) have their quantized-token candidates timed without the
     quantization, as the step runs them. `agree` maps all the
     timings at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel
     ranks pass the mean over the ranks, so that every rank runs the same kernels).
@@ -308,7 +308,7 @@ def select_configs(layers: list, dtype: torch.dtype,
 
     groups: dict[tuple, list] = {}
     for layer in layers:
-        groups.setdefault((*layer.weight.shape, layer.scales, layer.input_from_norm), []).append(layer)
+        groups.setdefault((*layer.weight.shape, layer.scales, layer.producer_quantizes), []).append(layer)
     cases = []  # (n, k, scales, group, rows, configs)
     for (n, k, scales, _), group in groups.items():
         configs = candidates(scales, k)
@@ -316,7 +316,7 @@ def select_configs(layers: list, dtype: torch.dtype,
     times = []
     for n, k, scales, group, rows, configs in cases:
         x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].input_from_norm), group) for cfg in configs]
+        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].producer_quantizes), group) for cfg in configs]
     if agree is not None:
         times = agree(times)
     made, at = {}, 0
