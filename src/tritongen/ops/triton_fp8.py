@@ -230,27 +230,6 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
         num_warps=warps)
     return y.reshape(*shape[:-1], n)
-    block_m, block_n, block_k, warps, split_k = _blocks(scales, m, config)
-    s = scale.float() if scale.dtype != torch.float32 else scale
-    bn, bk = scales.block or (1, 1)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)
-    part = counts = None  # SPLIT_K == 1 never touches them
-    if split_k > 1:
-        tiles = grid[0] * grid[1]
-        part, counts = split_workspace(x.device, tiles * split_k * block_m * block_n, tiles)
-    sizes = (m, n, k, _k_per_split(k, split_k, block_k))
-    if config is not None and config.get("QUANT"):
-        if scales.kind == "block":
-            raise ValueError("the quantized-token fp8 kernel takes per-channel or per-tensor scales, not block ones")
-        return fp8_tokens_linear(*triton_fp8_quant.quantize_tokens(x2), q, scale, scales, bias, config,
-                                 out_dtype=x.dtype).reshape(*shape[:-1], n)
-    _fp8_weight_gemm[grid](
-        x2, q, s, bias if bias is not None else s, y, part, counts, *sizes, x2.stride(0), q.stride(0),
-        y.stride(0), s.stride(0) if s.dim() == 2 else 0,
-        SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-        num_warps=warps)
-    return y.reshape(*shape[:-1], n)
 
 
 def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
