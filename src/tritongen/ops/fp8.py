@@ -101,7 +101,8 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales
 
 class Fp8Tokens(NamedTuple):
     """Activations quantized per token by the op that produced them (the RMSNorm before a stacked
-    fp8 projection, ops.kernels.rms_norm_fp8): what quantize_tokens would make of them."""
+    fp8 projection, SiLU·mul before down_proj: ops.kernels.rms_norm_fp8, add_rms_norm_fp8,
+    silu_and_mul_fp8), what quantize_tokens would make of them; Fp8Linear.forward takes them."""
 
     q: torch.Tensor
     """float8_e4m3fn [T, K]."""
