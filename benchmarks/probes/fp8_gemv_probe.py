@@ -37,6 +37,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from tritongen.ops.fp8 import Fp8Scales, fp8_linear_ref, quantize_weight  # noqa: E402
+from tritongen.ops.triton_fp8 import _fp8_epilogue  # noqa: E402
+from tritongen.ops.triton_gemv import split_k_range, split_k_sum  # noqa: E402
 
 SHAPES = {
     "7b": [("qkv", 12288, 4096), ("o_proj", 4096, 4096), ("gate_up", 22016, 4096), ("down", 4096, 11008)],
@@ -48,14 +50,10 @@ SHAPES = {
 def _swap_kernel(X, W, S, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                  IEEE: tl.constexpr):
-    # acc [BLOCK_N, BLOCK_M] = w[n tile, k slice] @ x[:, k slice].T; grid (cdiv(N, BLOCK_N), SPLIT_K).
+    # acc [BLOCK_N, BLOCK_M] = w[n tile, k slice] (upcast) @ x[:, k slice].T; grid (cdiv(N, BLOCK_N), 1,
+    # SPLIT_K); reduction and epilogue those of the quantized-token kernel (ops/triton_fp8.py).
     pid_n = tl.program_id(0)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(1) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
@@ -72,33 +70,13 @@ def _swap_kernel(X, W, S, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stri
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision="ieee")
         else:
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
-    y_ptrs = Y + m[None, :] * stride_ym + n[:, None]
-    mask = n_ok[:, None] & m_ok[None, :]
+    acc = tl.trans(acc)
     if SPLIT_K == 1:
-        total = acc
-        last = True
+        _fp8_epilogue(acc, S, S, Y, m, n, m_ok, n_ok, stride_ym, 0, False)
     else:
-        total, last = _split_sum_t(acc, PART, COUNTS, pid_n, tl.program_id(1), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
-    if last:
-        total = total * tl.load(S + n, mask=n_ok, other=0.0)[:, None]
-        tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _split_sum_t(acc, PART, COUNTS, tile, split, m_ok, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 SPLIT_K: tl.constexpr):
-    tiles = PART + tile * SPLIT_K * BLOCK_M * BLOCK_N + \
-        tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-    tl.store(tiles + split * BLOCK_M * BLOCK_N, acc, mask=m_ok[None, :])
-    tl.debug_barrier()
-    arrived = tl.atomic_add(COUNTS + tile, 1, sem="acq_rel", scope="gpu")
-    last = arrived == SPLIT_K - 1
-    total = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    if last:
-        for s in tl.static_range(SPLIT_K):
-            total += tl.load(tiles + s * BLOCK_M * BLOCK_N, mask=m_ok[None, :], other=0.0, cache_modifier=".cg")
-        tl.store(COUNTS + tile, 0)
-    return total, last
+        total, last = split_k_sum(acc, PART, COUNTS, pid_n, tl.program_id(2), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
+        if last:
+            _fp8_epilogue(total, S, S, Y, m, n, m_ok, n_ok, stride_ym, 0, False)
 
 
 def swap_linear(x, q, scale, *, block_n=64, block_k=256, num_warps=4, num_stages=4, split_k=1):
@@ -113,7 +91,7 @@ def swap_linear(x, q, scale, *, block_n=64, block_k=256, num_warps=4, num_stages
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     if split_k > 1:
         part, counts = split_workspace(x.device, tiles * split_k * 16 * block_n, tiles)
-    _swap_kernel[(tiles, split_k)](
+    _swap_kernel[(tiles, 1, split_k)](
         x, q, scale, y, part, counts, m, n, k, k_per_split, x.stride(0), q.stride(0), y.stride(0), BLOCK_M=16,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32, num_warps=num_warps,
         num_stages=num_stages)

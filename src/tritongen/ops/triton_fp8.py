@@ -39,7 +39,7 @@ import triton.language as tl
 
 from tritongen.ops import triton_fp8_quant
 from tritongen.ops.fp8_scales import Fp8Scales
-from tritongen.ops.triton_gemv import split_k_sum, split_workspace
+from tritongen.ops.triton_gemv import split_k_range, split_k_sum, split_workspace
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
 TOKEN_MAX_ROWS = 16
@@ -58,12 +58,7 @@ def _fp8_weight_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_x
     # (triton_gemv.split_k_sum), then applies the epilogue.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(2) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 2)
     m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
@@ -115,12 +110,7 @@ def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, str
     # Grid (cdiv(N, BLOCK_N), 1, SPLIT_K); XQ e4m3 [M <= BLOCK_M, K], XS its float32 row scales.
     # Splits as in _fp8_weight_gemm; the row scales apply before the split sum (the same per row).
     pid_n = tl.program_id(0)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(2) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 2)
     m = tl.arange(0, BLOCK_M)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M

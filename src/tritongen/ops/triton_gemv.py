@@ -72,18 +72,26 @@ def tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn, BLO
 
 
 @triton.jit
+def split_k_range(K, K_PER_SPLIT, SPLIT_K: tl.constexpr, AXIS: tl.constexpr):
+    """[k_start, k_end) of K that this program covers: all of K when SPLIT_K == 1, else split
+    program_id(AXIS)'s slice of K_PER_SPLIT (a multiple of BLOCK_K; the last may be shorter)."""
+    if SPLIT_K == 1:
+        k_start = 0
+        k_end = K
+    else:
+        k_start = tl.program_id(AXIS) * K_PER_SPLIT
+        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    return k_start, k_end
+
+
+@triton.jit
 def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
     # unused). SPLIT_K > 1: see _split_k_reduce.
     pid_n = tl.program_id(0)
-    if SPLIT_K == 1:
-        k_start = 0
-        k_end = K
-    else:
-        k_start = tl.program_id(1) * K_PER_SPLIT
-        k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 1)
     acc, m, n, m_ok, n_ok = tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn,
                                          BLOCK_M, BLOCK_N, BLOCK_K, IEEE, False)
     y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
