@@ -209,3 +209,36 @@ def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
     for a, b in zip(fused, plain):
         assert a.token_ids == b.token_ids
         assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the CPU twin of the CUDA test above, in Triton's interpreter")
+def test_producer_quantized_inputs_through_the_model_on_the_cpu(monkeypatch):
+    """The model's plumbing of producer-quantized inputs (RMSNorm -> qkv and gate_up, SiLU·mul ->
+    down, as Fp8Tokens; the quantized-token kernel in the interpreter) gives what each of those
+    layers computes quantizing its own input in the reference (fp8_linear_ref(dynamic=True))."""
+    from tritongen import LLM, SamplingParams
+    from tritongen.ops.fp8 import Fp8Linear
+    from tritongen.ops.triton_fp8 import ROW_BUCKETS, TOKEN_CONFIGS
+
+    llm = LLM("dummy:tiny-llama", dtype="float32", device="cpu", quantization="fp8")
+    model = llm.engine.runner.model
+    model.fuse_projections()  # what the CUDA runner does at load
+    fed = [m for m in model.modules() if isinstance(m, Fp8Linear) and m.producer_quantizes]
+    assert len(fed) == 3 * len(model.model.layers)  # qkv, gate_up and down of every layer
+    for layer in fed:
+        layer.kernel_configs = {rows: TOKEN_CONFIGS[0] for rows in ROW_BUCKETS}
+    handed = []
+    monkeypatch.setattr(Fp8Linear, "takes_tokens",
+                        lambda self, x: handed.append(bool(self.kernel_configs)) or handed[-1])
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    prompts = [[5, 17, 300, 42], [7, 7, 7]]
+    fused = llm.generate(prompts, params)
+    assert handed.count(True) >= 3 * len(model.model.layers) * 6  # every step, every fed layer
+    monkeypatch.setattr(Fp8Linear, "takes_tokens", lambda self, x: False)
+    monkeypatch.setattr(Fp8Linear, "forward", lambda self, x: fp8_linear_ref(
+        x, self.weight, self.weight_scale, self.scales, self.bias, dynamic=bool(self.kernel_configs)))
+    plain = llm.generate(prompts, params)
+    for a, b in zip(fused, plain):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor([lp.logprob for lp in a.logprobs]),
+                                   torch.tensor([lp.logprob for lp in b.logprobs]), rtol=1e-4, atol=1e-4)
