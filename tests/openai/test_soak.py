@@ -18,8 +18,10 @@ def test_malformed_corpus_is_a_named_400_for_every_case(server):
 
 
 def test_cancel_storm_no_hang_no_leak_no_crossed_answers(server):
+    # Cancels within 0.2 s: a request here takes ~0.15 s, so with cancels spread over 1 s only ~1 in
+    # 6 of the planned ones landed (8 of ~70 in one CI run, under the 10 asked below).
     report = asyncio.run(soak.cancel_storm(urls(server), ("openai", "openai-sse"), num_requests=160,
-                                           concurrency=16, max_tokens=12))
+                                           concurrency=16, max_tokens=12, max_cancel_delay_s=0.2))
     assert report.hangs == 0 and report.errors == [] and report.mismatched == []
     assert report.cancelled >= 10 and report.completed >= 60
     idle = soak.wait_idle(f"{server.url}/metrics")
