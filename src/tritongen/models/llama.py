@@ -158,15 +158,21 @@ class LlamaDecoderLayer(nn.Module):
         """x: the previous sublayer's output, still to be added to `residual` (None for the first
         layer, whose x is the embedding). Returns this layer's MLP output and the residual stream:
         each add happens inside the next norm (the same sums as x + f(norm(x)), fewer launches)."""
-        quantize = _hands_tokens(self.input_layernorm, getattr(self.self_attn, "qkv_proj", None), x)
-        if residual is None:
-            residual, h = x, self.input_layernorm(x, quantize=quantize)
+        # quantize=True only where _hands_tokens allows it: a plain RMSNorm (tensor parallelism's
+        # reducing norms take no such argument)
+        if _hands_tokens(self.input_layernorm, getattr(self.self_attn, "qkv_proj", None), x):
+            h, residual = (self.input_layernorm.add_forward(x, residual, quantize=True) if residual is not None
+                           else (self.input_layernorm(x, quantize=True), x))
+        elif residual is None:
+            residual, h = x, self.input_layernorm(x)
         else:
-            h, residual = self.input_layernorm.add_forward(x, residual, quantize=quantize)
+            h, residual = self.input_layernorm.add_forward(x, residual)
         out = self.self_attn(h, cos, sin, kv_cache, attn)
-        mlp = self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None
-        h, residual = self.post_attention_layernorm.add_forward(
-            out, residual, quantize=_hands_tokens(self.post_attention_layernorm, mlp, out))
+        if _hands_tokens(self.post_attention_layernorm,
+                         self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None, out):
+            h, residual = self.post_attention_layernorm.add_forward(out, residual, quantize=True)
+        else:
+            h, residual = self.post_attention_layernorm.add_forward(out, residual)
         return self.mlp(h), residual
 
 
