@@ -48,7 +48,8 @@ def section_tests() -> dict:
 def section_gemms(model: str) -> dict:
     """Device time per call (CUDA graphs, as decode runs) of each decode GEMM shape: bf16 F.linear,
     the FP8 Triton kernel select_configs picks (weight-only, or quantized tokens where "QUANT" is in
-    its config) with its tiling, and per-token FP8 + _scaled_mm."""
+    its config: for qkv, gate_up and down without the quantization, which their producer does in
+    the Llama family) with its tiling, and per-token FP8 + _scaled_mm."""
     from tritongen.ops.fp8 import Fp8Linear, Fp8Scales, _scaled_mm_linear
     from tritongen.ops.triton_fp8 import select_configs
     from tritongen.ops.triton_gemv import graph_time_us
@@ -62,6 +63,8 @@ def section_gemms(model: str) -> dict:
         dense = [torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
         for scales in (Fp8Scales("channel"), Fp8Scales("block", (128, 128))):
             layers = [Fp8Linear.from_linear(d, scales) for d in dense]
+            for layer in layers:  # as models/llama.py marks them: their RMSNorm / SiLU·mul quantizes x
+                layer.producer_quantizes = name in ("qkv", "gate_up", "down")
             chosen = select_configs(layers, torch.bfloat16)
             for rows in (1, 8, 16):
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
