@@ -268,10 +268,10 @@ def select_configs(layers: list, dtype: torch.dtype,
     load, before capture: graph_time_us runs each candidate eagerly first, which also grows the
     shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
     never allocates. A layout without candidates keeps the default tiling. Layers whose producer
-    (an RMSNorm, SiLU·mul) quantizes their input (producer_quantizes) have their quantized-token candidates timed without the
-    quantization, as the step runs them. `agree` maps all the
-    timings at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel
-    ranks pass the mean over the ranks, so that every rank runs the same kernels).
+    (an RMSNorm, SiLU·mul) quantizes their input (producer_quantizes) have their quantized-token
+    candidates timed without the quantization, as the step runs them. `agree` maps all the timings
+    at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel ranks pass
+    the mean over the ranks, so that every rank runs the same kernels).
     Returns {(N, K, kind, rows): (config, microseconds)}."""
     from tritongen.ops.triton_gemv import graph_time_us
 
