@@ -1,8 +1,9 @@
 """Fault injection on a real `tritongen serve --frontend triton` (tiny model, CPU), its own server:
-kill -9 of the engine model's stub with requests in flight, then SIGTERM with requests in flight.
+kill -9 of the engine model's stub with requests in flight, kill -9 of the BLS front's stub, then
+SIGTERM with requests in flight.
 
-The two tests share one server, in order: the first kills the stub and waits for the supervisor's
-restart, the second stops the restarted server.
+The tests share one server, in order: the first two kill a stub and wait for the supervisor's
+restart, the last stops the restarted server.
 """
 from __future__ import annotations
 
@@ -65,14 +66,14 @@ class Serve:
                 return int(entry)
         raise AssertionError("no tritonserver child of tritongen serve")
 
-    def llm_stub(self) -> launcher.StubProcess:
+    def stub(self, model: str = "llm") -> launcher.StubProcess:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            stubs = [s for s in launcher.find_stubs(self.server_pid()) if s.model == "llm" and not s.zombie]
+            stubs = [s for s in launcher.find_stubs(self.server_pid()) if s.model == model and not s.zombie]
             if stubs:
                 return stubs[0]
             time.sleep(0.1)
-        raise AssertionError("no live stub of llm")
+        raise AssertionError(f"no live stub of {model}")
 
     def ready(self) -> bool:
         try:
@@ -161,7 +162,7 @@ class InFlight:
 def test_dead_engine_stub_fails_in_flight_and_comes_back(serve):
     """Issue 21 item 4: kill -9 of llm's stub → in-flight requests end within 5 s (gRPC: UNAVAILABLE),
     the server is not ready while down, and it serves again within RECOVERY_S with no operator."""
-    stub = serve.llm_stub()
+    stub = serve.stub()
     flight = InFlight(serve)
     flight.t0 = time.monotonic()
     os.kill(stub.pid, signal.SIGKILL)
@@ -173,8 +174,28 @@ def test_dead_engine_stub_fails_in_flight_and_comes_back(serve):
         assert time.monotonic() < deadline, "still ready 5 s after the engine's stub died"
         time.sleep(0.1)
     serve.wait_for("back in service", RECOVERY_S)
-    assert serve.ready() and serve.llm_stub().pid != stub.pid
+    assert serve.ready() and serve.stub().pid != stub.pid
     assert f"(pid {stub.pid}) died" in serve.output()
+    req = urllib.request.Request(f"http://127.0.0.1:{serve.http}/v2/models/llm_bls/generate",
+                                 data=json.dumps({"text_input": "hi", "max_tokens": 4}).encode())
+    assert json.loads(urllib.request.urlopen(req, timeout=60).read())["text_output"]
+
+
+def test_crashed_bls_stub_leaves_its_stacks_and_brings_a_restart(serve):
+    """A crashed forwarding model's stub (llm_bls) is a death too: python_backend 24.10 would leave
+    every later llm_bls request failing ("Stub process 'llm_bls_0_0' is not healthy.") while the
+    model stays ready. Its Python stacks are in the log, the supervisor restarts the server, and
+    llm_bls serves again."""
+    serve.wait_for("back in service", RECOVERY_S)  # the previous test's restart
+    stub = serve.stub("llm_bls")
+    os.kill(stub.pid, signal.SIGSEGV)
+    serve.wait_for("the stub process of model 'llm_bls'", 10)
+    assert "Fatal Python error: Segmentation fault" in serve.output()  # model.py's faulthandler: the stacks
+    deadline = time.monotonic() + RECOVERY_S
+    while serve.output().count("back in service") < 2:
+        assert serve.proc.poll() is None and time.monotonic() < deadline, serve.output()[-3000:]
+        time.sleep(0.25)
+    assert serve.stub("llm_bls").pid != stub.pid
     req = urllib.request.Request(f"http://127.0.0.1:{serve.http}/v2/models/llm_bls/generate",
                                  data=json.dumps({"text_input": "hi", "max_tokens": 4}).encode())
     assert json.loads(urllib.request.urlopen(req, timeout=60).read())["text_output"]

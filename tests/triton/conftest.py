@@ -61,3 +61,31 @@ def reference_llm():
     from tritongen import LLM
 
     return LLM(**TINY)
+
+
+@pytest.fixture(autouse=True)
+def stubs_survive(request):
+    """After every test on the session server: no model that Triton still calls ready has lost its
+    stub. python_backend 24.10 leaves such a model ready and failing every request ("Stub process
+    ... is not healthy."), so every later test of it would fail too; this fails the test that killed
+    it, with the stub's last words from the server log (model.py's faulthandler writes its stacks)."""
+    if "triton" not in request.fixturenames:
+        yield
+        return
+    served = request.getfixturevalue("triton")
+    before = {s.model for s in served.server.poll_stubs() if not s.zombie}
+    yield
+    after = {s.model for s in served.server.poll_stubs() if not s.zombie}
+    dead = sorted(m for m in before - after if served.server.is_ready(m))
+    if dead:
+        pytest.fail(f"the stub process of {', '.join(dead)} died during this test; the server log says:\n"
+                    f"{crash_excerpt(served.server.log_file)}", pytrace=False)
+
+
+def crash_excerpt(log_file, chars: int = 6000) -> str:
+    """From the last "Fatal Python error" on, else the log's last lines that are not INFO."""
+    text = Path(log_file).read_text(errors="replace") if log_file and Path(log_file).exists() else ""
+    start = text.rfind("Fatal Python error")
+    if start >= 0:
+        return text[start:start + chars]
+    return "\n".join(line for line in text.splitlines() if not line.startswith("I"))[-chars:]

@@ -123,7 +123,7 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
 
 @dataclass
 class Supervisor:
-    """Runs tritonserver and keeps `model` serving.
+    """Runs tritonserver and keeps `model` (and every other Python model) serving.
 
     When the engine model's stub process dies (kill -9, OOM killer, or the model's own exit when its
     engine cannot be restarted), python_backend 24.10 neither restarts it nor ends its in-flight
@@ -145,6 +145,8 @@ class Supervisor:
     """More than max_restarts within window_s: give up (exit 1) and leave it to the orchestrator."""
     server: Optional[TritonServer] = None
     restarts: collections.deque = field(default_factory=collections.deque)
+    last_pids: dict = field(default_factory=dict)
+    """{model: the last live stub pid seen of the current server}, to name the one that died."""
 
     def run(self, on_ready: Callable[[TritonServer, bool], None]) -> int:
         first = True
@@ -188,32 +190,49 @@ class Supervisor:
         return False
 
     def _watch(self) -> Optional[str]:
-        """Poll until a stop (None) or a death (its description)."""
-        misses = 0
+        """Poll until a stop (None) or a death (its description).
+
+        Watched: every Python model of the repository (a model.py in a version folder) and every
+        model a stub was seen for; the engine's death ends its requests, and a dead forwarding
+        model's stub (llm_bls) leaves its requests hanging and every later one failing while Triton
+        keeps calling the model ready. A death is no live stub of a model two polls in a row while
+        Triton calls that model ready: a READY model always has its stub, and an unload or reload
+        through the repository API takes the model out of READY, or starts its new stub, before
+        the old stub goes."""
+        misses: dict[str, int] = {}
+        self.last_pids = {}
         while not self.stop.wait(self.poll_s):
             if self.server.process.poll() is not None:
                 return f"tritonserver exited with code {self.server.process.returncode}"
-            if self._engine_stub() is not None:
-                misses = 0
-                continue
-            misses += 1
-            # No live stub two polls in a row while Triton calls the model ready: a READY model
-            # always has its stub (it may die before the first poll), and an unload or reload
-            # through the repository API takes the model out of READY before its stub goes.
-            if misses >= 2 and self.server.is_ready(self.model):
-                pid = control.engine_pid(self.model, self.server.process.pid)
-                return f"the stub process of model {self.model!r} (pid {pid if pid else '?'}) died"
+            live = self._live_stubs()
+            watched = {self.model} | python_models(Path(self.server.repo_dir)) | set(self.last_pids)
+            for model in sorted(watched - set(live)):
+                misses[model] = misses.get(model, 0) + 1
+                if misses[model] >= 2 and self.server.is_ready(model):
+                    pid = control.engine_pid(model, self.server.process.pid) or self.last_pids.get(model)
+                    return f"the stub process of model {model!r} (pid {pid if pid else '?'}) died"
+            for model in live:
+                misses.pop(model, None)
         return None
 
-    def _engine_stub(self) -> Optional[int]:
-        """The pid of the engine model's live stub, or None. The stub records its pid when it loads
-        (triton/control.py); that pid is checked directly. A /proc scan (which also remembers every
-        stub for stop()) is the fallback for an engine model that records none."""
-        live = [s.pid for s in self.server.poll_stubs() if s.model == self.model and not s.zombie]
+    def _live_stubs(self) -> dict[str, int]:
+        """{model: pid of a live stub}. The engine model's stub records its pid when it loads
+        (triton/control.py) and that pid is checked directly; other models' stubs (and an engine
+        model that records none) are found by a /proc scan, which also remembers every stub for stop()."""
+        live: dict[str, int] = {}
+        for stub in self.server.poll_stubs():
+            if not stub.zombie:
+                live.setdefault(stub.model, stub.pid)
+            else:  # dead before any poll saw it alive: still name it
+                self.last_pids.setdefault(stub.model, stub.pid)
         recorded = control.engine_pid(self.model, self.server.process.pid)
         if recorded is not None:
-            return recorded if control.process_alive(recorded) else None
-        return live[0] if live else None
+            if control.process_alive(recorded):
+                live[self.model] = recorded
+            else:
+                live.pop(self.model, None)
+        self.last_pids.update(live)
+        return live
 
     def _may_restart(self, reason: str) -> bool:
         now = time.monotonic()
@@ -225,6 +244,14 @@ class Supervisor:
             return False
         self.log(f"{reason}; restarting tritonserver (requests in flight end now: python_backend cannot end them)")
         return True
+
+
+def python_models(repo_dir: Path) -> set[str]:
+    """The repository's Python-backend models: those with a model.py in a version folder."""
+    try:
+        return {path.parent.parent.name for path in repo_dir.glob("*/*/model.py")}
+    except OSError:
+        return set()
 
 
 def serve_triton(args) -> int:

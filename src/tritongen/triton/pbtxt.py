@@ -11,7 +11,11 @@ from tritongen.triton import layouts
 from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
 
 _MODEL_PY = '''"""Triton Python-backend model written by `tritongen repo`; the logic lives in {module}."""
-from {module} import {cls}  # noqa: F401
+import faulthandler
+
+faulthandler.enable(all_threads=True)  # a stub killed by a fatal signal leaves its threads' stacks in the server log
+
+from {module} import {cls}  # noqa: E402,F401
 '''
 
 
