@@ -24,7 +24,9 @@ def test_repo_cli_writes_thin_models_and_parameters(tmp_path):
     assert "decoupled: true" in config and 'key: "max_num_seqs" value: { string_value: "8" }' in config
     assert 'key: "enable_prefix_caching" value: { string_value: "false" }' in config
     body = (tmp_path / "llm" / "1" / "model.py").read_text()
-    assert "from tritongen.triton.llm_model import TritonPythonModel" in body and len(body.splitlines()) <= 3
+    assert "from tritongen.triton.llm_model import TritonPythonModel as _Model" in body and len(body.splitlines()) <= 16
+    assert "faulthandler.enable(all_threads=True)" in body and "faulthandler.disable()" in body
+    compile(body, "model.py", "exec")
     assert "decoupled" not in (tmp_path / "llm_bls" / "config.pbtxt").read_text()
     assert not (tmp_path / "ensemble" / "1" / "model.py").exists()
 

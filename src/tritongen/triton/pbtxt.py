@@ -13,9 +13,18 @@ from tritongen.triton.codec import INPUTS, OUTPUTS, TensorSpec
 _MODEL_PY = '''"""Triton Python-backend model written by `tritongen repo`; the logic lives in {module}."""
 import faulthandler
 
-faulthandler.enable(all_threads=True)  # a stub killed by a fatal signal leaves its threads' stacks in the server log
+from {module} import {cls} as _Model
 
-from {module} import {cls}  # noqa: E402,F401
+# A stub killed by a fatal signal while it serves leaves every thread's Python stack in the server log.
+faulthandler.enable(all_threads=True)
+
+
+class TritonPythonModel(_Model):
+    def finalize(self) -> None:
+        try:
+            getattr(super(), "finalize", lambda: None)()
+        finally:  # the interpreter's teardown after an unload can fault inside torch: nothing of ours to report
+            faulthandler.disable()
 '''
 
 
@@ -76,8 +85,7 @@ def write_model(root: Path, name: str, config: str, module: Optional[str], versi
     (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(config)
     if module is not None:
-        imported = cls if cls == "TritonPythonModel" else f"{cls} as TritonPythonModel"
-        (model_dir / str(version) / "model.py").write_text(_MODEL_PY.format(module=module, cls=imported))
+        (model_dir / str(version) / "model.py").write_text(_MODEL_PY.format(module=module, cls=cls))
 
 
 def write_forwarder(root: Path, model: str, target: str, layout: str, *, decoupled: bool, version: int,
