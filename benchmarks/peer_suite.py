@@ -222,15 +222,20 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
         a, b = get(ours, "bs1", key), get(other, "bs1", key)
         out.append(Row("bs1", f"{name} {args.bs1_input_len}/{args.bs1_output_len}", ours=a, peer=b, ratio=ratio(a, b),
                        fraction=fa, unit=unit, note=f"floor {floor_ms:.3f} ms/step; peer fraction {_f(fb)}"))
-    max_batch = (ours.get("config") or {}).get("max_num_seqs") or 256
-    floor = state["offline_floor_s"] = roofline.dataset_floor(arch, args.dtype, pairs, max_batch, hw)["floor_s"]
+    # Each side's floor at its own batch limit: fewer sequences per step means more weight reads.
+    batch = {side: (run.get("config") or {}).get("max_num_seqs") or 256 for side, run in (("ours", ours), ("peer", other))}
+    floors = {side: roofline.dataset_floor(arch, args.dtype, pairs, b, hw)["floor_s"] for side, b in batch.items()}
+    state["offline_floor_s"] = floors["ours"]
+    state["offline_floors"] = {"ours": {"max_batch": batch["ours"], "floor_s": floors["ours"]},
+                               "peer": {"max_batch": batch["peer"], "floor_s": floors["peer"]}}
     for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s")):
         a, b = get(ours, "offline", key), get(other, "offline", key)
-        fa = floor / get(ours, "offline", "elapsed_time") if floor and a else None
-        fb = floor / get(other, "offline", "elapsed_time") if floor and b else None
+        fa = floors["ours"] / get(ours, "offline", "elapsed_time") if floors["ours"] and a else None
+        fb = floors["peer"] / get(other, "offline", "elapsed_time") if floors["peer"] and b else None
         out.append(Row("offline", f"offline {args.dataset}-{args.num_prompts} {key}", ours=a, peer=b,
                        ratio=ratio(a, b), fraction=fa, unit=unit,
-                       note=f"floor {_f(floor)} s (max batch {max_batch}); peer fraction {_f(fb)}"))
+                       note=f"floor {_f(floors['ours'])} s (max batch {batch['ours']}); peer fraction {_f(fb)} "
+                            f"of {_f(floors['peer'])} s (max batch {batch['peer']})"))
     for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("tpot_p50_ms", "ms")):
         a, b = get(ours, "serving", key), get(other, "serving", key)
         out.append(Row("serving", f"serving c{args.concurrency} {key}", ours=a, peer=b, ratio=ratio(a, b), unit=unit,

@@ -151,3 +151,28 @@ def test_check_site_imports_tells_guarded_from_unguarded(tmp_path: Path) -> None
     assert ok["forbidden"] == [] and ok["missing"] == {}  # bad is reached only through a try block
     out = mod.walk(site, ["pkg", "pkg.bad"], ["pkg.turbo._turbomind"], known={"numpy"})
     assert out["forbidden"] == ["pkg.bad imports pkg.turbo._turbomind"] and out["missing"] == {"absent_c": "pkg.bad"}
+
+
+def test_peer_suite_offline_fractions_use_each_sides_batch_limit() -> None:
+    """vLLM ran 1024 sequences a step where we ran 256: each side's fraction is of its own floor."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tritongen.bench import roofline
+    from tritongen.models.arch import ModelArch
+    from tritongen.models.presets import PRESETS
+
+    arch = ModelArch.from_hf_config(PRESETS["llama-2-7b"])
+    args = peer_suite.parse_args(["--peer", "vllm", "--dtype", "bfloat16"])
+    pairs = [(200, 300)] * 1000
+    state = {"runs": {"tritongen": {"config": {"max_num_seqs": 256}, "offline": {"rps": 20.0, "elapsed_time": 50.0}},
+                      "vllm": {"config": {"max_num_seqs": 1024}, "offline": {"rps": 25.0, "elapsed_time": 40.0}}}}
+    rows = {r.name: r for r in peer_suite.rows(state, "vllm", arch, args, pairs)}
+    row = rows[f"offline {args.dataset}-{args.num_prompts} rps"]
+    hw = roofline.Hardware()
+    ours, peer = (roofline.dataset_floor(arch, "bfloat16", pairs, b, hw)["floor_s"] for b in (256, 1024))
+    assert peer < ours  # 299 decode steps instead of 1168: fewer weight reads
+    assert row.fraction == ours / 50.0 and f"peer fraction {peer / 40.0:.3g}" in row.note
+    assert state["offline_floors"]["peer"] == {"max_batch": 1024, "floor_s": peer}
