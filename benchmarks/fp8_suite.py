@@ -63,12 +63,13 @@ def section_gemms(model: str) -> dict:
         dense = [torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
         for scales in (Fp8Scales("channel"), Fp8Scales("block", (128, 128))):
             layers = [Fp8Linear.from_linear(d, scales) for d in dense]
+            fed = name in ("qkv", "gate_up", "down")
             for layer in layers:  # as models/llama.py marks them: their RMSNorm / SiLU·mul quantizes x
-                layer.producer_quantizes = name in ("qkv", "gate_up", "down")
+                layer.producer_quantizes = fed
             chosen = select_configs(layers, torch.bfloat16)
             for rows in (1, 8, 16):
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                cfg, fp8_us = chosen[(n, k, scales.kind, rows)]
+                cfg, fp8_us = chosen[(n, k, scales.kind, fed, rows)]
                 t = {"bf16": graph_time_us(lambda d: torch.nn.functional.linear(x, d.weight), dense),
                      "fp8_triton": fp8_us}
                 if scales.kind == "channel":

@@ -121,7 +121,7 @@ def test_select_configs_gives_each_layer_a_tiling_per_row_bucket():
     layers = [Fp8Linear.from_linear(torch.nn.Linear(256, 384, bias=False, device="cuda", dtype=torch.bfloat16))
               for _ in range(2)]
     made = select_configs(layers, torch.bfloat16)
-    assert {key[3] for key in made} == set(ROW_BUCKETS)
+    assert {key[-1] for key in made} == set(ROW_BUCKETS) and {key[3] for key in made} == {False}
     assert all(set(layer.kernel_configs) == set(ROW_BUCKETS) for layer in layers)
     x = torch.randn(5, 256, device="cuda", dtype=torch.bfloat16)
     dynamic = bool(layers[0].kernel_configs[8].get("QUANT"))  # 5 rows: the 8-row bucket's choice

@@ -272,7 +272,7 @@ def select_configs(layers: list, dtype: torch.dtype,
     candidates timed without the quantization, as the step runs them. `agree` maps all the timings
     at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel ranks pass
     the mean over the ranks, so that every rank runs the same kernels).
-    Returns {(N, K, kind, rows): (config, microseconds)}."""
+    Returns {(N, K, kind, producer_quantizes, rows): (config, microseconds)}."""
     from tritongen.ops.triton_gemv import graph_time_us
 
     groups: dict[tuple, list] = {}
@@ -293,7 +293,7 @@ def select_configs(layers: list, dtype: torch.dtype,
         mine = times[at:at + len(configs)]
         at += len(configs)
         best = min(range(len(mine)), key=mine.__getitem__)
-        made[(n, k, scales.kind, rows)] = (configs[best], mine[best])
+        made[(n, k, scales.kind, group[0].producer_quantizes, rows)] = (configs[best], mine[best])
         for layer in group:
             layer.kernel_configs[rows] = configs[best]
     return made
