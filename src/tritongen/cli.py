@@ -138,6 +138,9 @@ def add_serve_parser(sub) -> None:
                    help="tokens per streamed response of the engine model (its parameter stream_interval; default 1)")
     t.add_argument("--sender-threads", type=int, default=None, metavar="N",
                    help="concurrent response sends of the engine model (its parameter sender_threads; default 8)")
+    t.add_argument("--thread-pool-size", type=int, default=None, metavar="N",
+                   help="python_backend's thread-pool-size: BLS requests in flight per Python model instance, "
+                        "each model starting N threads (default: 2 x max_num_seqs within [64, 1024])")
     o = s.add_argument_group("openai frontend")
     o.add_argument("--host", default="127.0.0.1")
     o.add_argument("--port", type=int, default=9000)

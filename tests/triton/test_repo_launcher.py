@@ -161,6 +161,29 @@ def test_serve_refuses_a_busy_port_in_one_line(tmp_path, capsys):
     assert "both" in capsys.readouterr().err
 
 
+def test_thread_pool_follows_max_num_seqs(tmp_path, capsys):
+    """Twice the largest max_num_seqs of the repository, within [64, 1024]; the serve flag wins."""
+    for seqs, pool in ((256, 512), (8, 64), (4096, 1024)):
+        repo = write_repository(tmp_path / f"repo{seqs}", {"model": "dummy:tiny-llama", "max_num_seqs": seqs})
+        assert launcher.thread_pool_size_for(repo) == pool
+        server = launcher.TritonServer(repo)
+        assert f"--backend-config=python,thread-pool-size={pool}" in server.command(launcher.find_tritonserver(), None)
+        server.thread_pool_size = 48
+        assert "--backend-config=python,thread-pool-size=48" in server.command(launcher.find_tritonserver(), None)
+    assert launcher.thread_pool_size_for(tmp_path / "empty") == 512  # the engine's default 256
+    from tritongen.cli import main
+
+    assert main(["serve", "--model", "dummy:tiny-llama", "--thread-pool-size", "0",
+                 "--repo-dir", str(tmp_path / "never")]) == 2
+    assert "--thread-pool-size must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_shared_server_starts_a_pool_of_twice_max_num_seqs(triton):
+    """The tests' TINY engine runs 64 sequences: 128 threads per Python model, not 1024."""
+    assert "--backend-config=python,thread-pool-size=128" in triton.server.command_line
+
+
 def test_cpu_start_has_no_gpu_alarms(triton):
     """The shared server ran on CPU with CPU_ARGS: no NVML/DCGM/pinned-memory lines in its log."""
     if launcher.has_gpu():

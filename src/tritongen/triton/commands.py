@@ -261,6 +261,9 @@ def serve_triton(args) -> int:
         check_model(args.model)
         check_model_control(getattr(args, "model_control_mode", "explicit"), getattr(args, "load_model", None))
         check_version_policy(getattr(args, "version_policy", None))
+        pool = getattr(args, "thread_pool_size", None)
+        if pool is not None and pool < 1:
+            raise ServeError(f"--thread-pool-size must be at least 1 (threads per Python model instance), got {pool}")
         check_ports(host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
                            "--metrics-port": args.metrics_port})
         return _serve_checked(args, host)
@@ -296,7 +299,8 @@ def _serve_checked(args, host: str) -> int:
 
     def make_server() -> TritonServer:
         return TritonServer(Path(repo_dir), http_port=args.http_port, grpc_port=args.grpc_port,
-                            metrics_port=args.metrics_port, host=host, model_control=mode, load_models=load)
+                            metrics_port=args.metrics_port, host=host, model_control=mode, load_models=load,
+                            thread_pool_size=getattr(args, "thread_pool_size", None))
 
     try:
         supervisor = Supervisor(make_server, args.name, stop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import stat
@@ -205,8 +206,31 @@ def reap_stubs(stubs: Sequence[StubProcess], timeout: float = 5.0) -> list[int]:
     return killed
 
 
-BLS_THREAD_POOL_SIZE = 1024
-"""python_backend's thread-pool-size: how many BLS requests (llm_bls -> llm) can be in flight at once."""
+MAX_THREAD_POOL_SIZE = 1024
+MIN_THREAD_POOL_SIZE = 64
+_MAX_NUM_SEQS = re.compile(r'key: "max_num_seqs" value: \{ string_value: "(\d+)" \}')
+
+
+def thread_pool_size_for(repo_dir: Path) -> int:
+    """python_backend's thread-pool-size for a repository: twice the largest `max_num_seqs` of its
+    models' config.pbtxt (the engine default where none says), within [64, 1024].
+
+    A BLS request (llm_bls -> llm) holds a thread of its model instance's pool for its whole
+    generation, so the pool bounds the BLS requests in flight: twice max_num_seqs keeps the engine
+    full with as many again waiting in its queue (more wait for a thread, in order). Every Python
+    model instance starts the whole pool at load, each thread a PID: a fixed 1024 made 8192 threads
+    per server of the ensemble layout, and two test servers ran a machine with 32768 PIDs out of
+    them (a stub that cannot start a thread aborts: "libgomp: Thread creation failed")."""
+    from tritongen.config import SchedulerConfig
+
+    seqs = []
+    for config in Path(repo_dir).glob("*/config.pbtxt"):
+        try:
+            seqs += [int(n) for n in _MAX_NUM_SEQS.findall(config.read_text())]
+        except OSError:
+            continue
+    largest = max(seqs, default=SchedulerConfig.max_num_seqs)
+    return min(MAX_THREAD_POOL_SIZE, max(MIN_THREAD_POOL_SIZE, 2 * largest))
 
 
 @dataclass
@@ -231,6 +255,9 @@ class TritonServer:
     cpu_only: Optional[bool] = None
     """Start without GPU features (CPU_ARGS); None: when the machine has no NVIDIA driver."""
     extra_args: Sequence[str] = ()
+    thread_pool_size: Optional[int] = None
+    """python_backend's thread-pool-size (BLS requests in flight per model instance); None:
+    thread_pool_size_for(repo_dir)."""
     process: Optional[subprocess.Popen] = field(default=None, init=False)
     command_line: list[str] = field(default_factory=list, init=False)
     stubs: dict[int, StubProcess] = field(default_factory=dict, init=False)
@@ -262,7 +289,8 @@ class TritonServer:
         # python_backend runs each BLS request on a thread of a pool of 32 by default, held for the
         # whole generation: llm_bls then never had more than 32 requests in the engine (H200,
         # concurrency 128: 29 on average, 0.63x the OpenAI server's RPS).
-        cmd.append(f"--backend-config=python,thread-pool-size={BLS_THREAD_POOL_SIZE}")
+        pool = self.thread_pool_size or thread_pool_size_for(self.repo_dir)
+        cmd.append(f"--backend-config=python,thread-pool-size={pool}")
         if self.cpu_only or (self.cpu_only is None and not has_gpu()):
             cmd += CPU_ARGS
         cmd += [f"--load-model={m}" for m in self.load_models]
