@@ -23,7 +23,7 @@ class TritonPythonModel(_Model):
     def finalize(self) -> None:
         try:
             getattr(super(), "finalize", lambda: None)()
-        finally:  # the interpreter's teardown after an unload can fault inside torch: nothing of ours to report
+        finally:  # teardown after an unload can fault freeing pb_utils metrics (shm already gone): not ours to report
             faulthandler.disable()
 '''
 
