@@ -70,9 +70,7 @@ def one_run(root: Path, args) -> bool:
                   f"{cpu_seconds(stubs['llm_bls']) - c0 if 'llm_bls' in alive else float('nan'):.2f} s, "
                   f"{codes.count(200)}/{len(codes)} ok", flush=True)
             if set(stubs) - alive:
-                log = (root / "server.log").read_text(errors="replace")
-                start = log.find("Fatal Python error")
-                print(f"  stub(s) died: {sorted(set(stubs) - alive)}\n" + (log[start:start + 3000] if start >= 0 else ""))
+                print(f"  stub(s) died: {sorted(set(stubs) - alive)}\n{server.crash_excerpt(3000)}")
                 return False
         return True
     finally:

@@ -79,13 +79,5 @@ def stubs_survive(request):
     dead = sorted(m for m in before - after if served.server.is_ready(m))
     if dead:
         pytest.fail(f"the stub process of {', '.join(dead)} died during this test; the server log says:\n"
-                    f"{crash_excerpt(served.server.log_file)}", pytrace=False)
+                    f"{served.server.crash_excerpt()}", pytrace=False)
 
-
-def crash_excerpt(log_file, chars: int = 6000) -> str:
-    """From the last "Fatal Python error" on, else the log's last lines that are not INFO."""
-    text = Path(log_file).read_text(errors="replace") if log_file and Path(log_file).exists() else ""
-    start = text.rfind("Fatal Python error")
-    if start >= 0:
-        return text[start:start + chars]
-    return "\n".join(line for line in text.splitlines() if not line.startswith("I"))[-chars:]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 import signal
 import stat
@@ -208,7 +207,6 @@ def reap_stubs(stubs: Sequence[StubProcess], timeout: float = 5.0) -> list[int]:
 
 MAX_THREAD_POOL_SIZE = 1024
 MIN_THREAD_POOL_SIZE = 64
-_MAX_NUM_SEQS = re.compile(r'key: "max_num_seqs" value: \{ string_value: "(\d+)" \}')
 
 
 def thread_pool_size_for(repo_dir: Path) -> int:
@@ -222,11 +220,12 @@ def thread_pool_size_for(repo_dir: Path) -> int:
     per server of the ensemble layout, and two test servers ran a machine with 32768 PIDs out of
     them (a stub that cannot start a thread aborts: "libgomp: Thread creation failed")."""
     from tritongen.config import SchedulerConfig
+    from tritongen.triton.pbtxt import parameter_values
 
     seqs = []
     for config in Path(repo_dir).glob("*/config.pbtxt"):
         try:
-            seqs += [int(n) for n in _MAX_NUM_SEQS.findall(config.read_text())]
+            seqs += [int(v) for v in parameter_values(config.read_text(), "max_num_seqs") if v.isdigit()]
         except OSError:
             continue
     largest = max(seqs, default=SchedulerConfig.max_num_seqs)
@@ -347,6 +346,15 @@ class TritonServer:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s{self._log_tail()}")
+
+    def crash_excerpt(self, chars: int = 6000) -> str:
+        """The server log from its last "Fatal Python error" on (a stub's faulthandler stacks),
+        else its last lines that are not INFO."""
+        text = Path(self.log_file).read_text(errors="replace") if self.log_file and Path(self.log_file).exists() else ""
+        start = text.rfind("Fatal Python error")
+        if start >= 0:
+            return text[start:start + chars]
+        return "\n".join(line for line in text.splitlines() if not line.startswith("I"))[-chars:]
 
     def _log_tail(self, chars: int = 4000) -> str:
         if not self.log_file or not Path(self.log_file).exists():

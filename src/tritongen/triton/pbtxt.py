@@ -46,6 +46,13 @@ def parameter_lines(params: dict[str, str]) -> str:
                    for k, v in sorted(params.items()))
 
 
+def parameter_values(text: str, key: str) -> list[str]:
+    """The values of parameter `key` in config.pbtxt text as parameter_lines writes it."""
+    value = r'"(?:[^"\\]|\\.)*"'  # a JSON string, as quote() writes it
+    pattern = f"parameters: {{ key: {re.escape(quote(key))} value: {{ string_value: ({value}) }} }}"
+    return [json.loads(m) for m in re.findall(pattern, text)]
+
+
 def version_policy(policy: Optional[str]) -> str:
     """`latest:N` | `all` | `specific:1,3` -> the config.pbtxt `version_policy` line ("" for None:
     Triton's default, the latest version). Raises ValueError naming the bad part."""
