@@ -83,11 +83,20 @@ def section_gemms(model: str) -> dict:
     return out
 
 
-def fp8_floor(arch, bw: float, context: int) -> float:
-    """Batch-1 decode floor with FP8 linear weights (lm_head stays bf16) and a bf16 KV cache."""
+# label -> (quantization, kv_cache_dtype)
+VARIANTS = {"bf16": (None, "auto"), "fp8": ("fp8", "auto"), "fp8+kv": ("fp8", "fp8")}
+
+
+def variant_floor(arch, bw: float, context: int, label: str) -> float:
+    """Batch-1 decode floor of a variant: bf16 or FP8 linear weights (lm_head stays bf16), and a
+    bf16 or FP8 (one byte an element) KV cache."""
+    quant, kv = VARIANTS[label]
+    if quant is None:
+        return roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"]
     head = arch.vocab_size * arch.hidden_size
     weights = (roofline.matmul_params(arch) - head) * 1 + head * 2
-    return (weights + context * roofline.kv_bytes_per_token(arch, "bfloat16")) / bw
+    kv_bytes = roofline.kv_bytes_per_token(arch, "bfloat16") // (2 if kv == "fp8" else 1)
+    return (weights + context * kv_bytes) / bw
 
 
 def section_model(model: str, args, bw: float, tokenizer) -> dict:
@@ -96,43 +105,50 @@ def section_model(model: str, args, bw: float, tokenizer) -> dict:
 
     arch = read_arch(model)
     context = args.input_len + args.output_len // 2
-    floors = {None: roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"],
-              "fp8": fp8_floor(arch, bw, context)}
+    labels = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(labels) - set(VARIANTS))
+    if unknown or "bf16" not in labels:
+        raise SystemExit(f"--variants takes bf16 and any of {', '.join(VARIANTS)}; got {args.variants!r}")
     requests = load_dataset("sharegpt-like", args.num_prompts, 0, tokenizer) if args.num_prompts else []
     g = torch.Generator().manual_seed(1)
     probes = [torch.randint(100, arch.vocab_size, (n,), generator=g).tolist() for n in (16, 64, 128, 256)] * 2
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=0)
     data, answers = {}, {}
-    for quant in (None, "fp8"):
-        label = quant or "bf16"
+    for label in labels:
+        quant, kv = VARIANTS[label]
+        floor = variant_floor(arch, bw, context, label)
         t0 = time.perf_counter()
-        llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, seed=0, tokenizer=args.tokenizer,
-                  **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
+        llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, kv_cache_dtype=kv, seed=0,
+                  tokenizer=args.tokenizer, **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
         load_s = time.perf_counter() - t0
         lat = run_latency(llm, 1, args.input_len, args.output_len, iters=2, warmup_iters=1)
         step_ms = lat["decode_step_ms"]["mean"]
-        frac = floors[quant] * 1e3 / step_ms
+        frac = floor * 1e3 / step_ms
         row(f"bs1 {model} {label} ms/step", step_ms, "ms",
-            f"floor {floors[quant] * 1e3:.3f} ms -> fraction {frac:.3f}; load {load_s:.0f} s")
+            f"floor {floor * 1e3:.3f} ms -> fraction {frac:.3f}; load {load_s:.0f} s; "
+            f"{llm.stats()['kv_blocks_total']} KV blocks")
         answers[label] = [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in llm.generate(probes, greedy)]
         off = run_offline(llm, requests) if args.num_prompts else {"rps": float("nan"), "output_tok_s": float("nan")}
         row(f"offline {model} {label} sharegpt-like-{args.num_prompts}", off["rps"], "req/s",
             f"{off['output_tok_s']:.0f} out tok/s")
-        data[label] = {"bs1": lat, "fraction": frac, "floor_s": floors[quant], "offline": off, "load_s": load_s}
+        data[label] = {"bs1": lat, "fraction": frac, "floor_s": floor, "offline": off, "load_s": load_s}
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-    match, total, dlp = 0, 0, []
-    for (a_ids, a_lp), (b_ids, b_lp) in zip(answers["bf16"], answers["fp8"]):
-        same = next((j for j, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))
-        match, total = match + same, total + len(a_ids)
-        dlp += [abs(x - y) for x, y in zip(a_lp[:same], b_lp[:same])]
-    bf, f8 = data["bf16"], data["fp8"]
-    row(f"bs1 {model} fp8 speed-up", bf["bs1"]["decode_step_ms"]["mean"] / f8["bs1"]["decode_step_ms"]["mean"], "x bf16")
-    row(f"offline {model} fp8 speed-up", f8["offline"]["rps"] / bf["offline"]["rps"], "x bf16")
-    row(f"greedy {model} fp8 tokens equal to bf16 (before first change)", match / total, "of all",
-        f"mean |dlogprob| {sum(dlp) / max(len(dlp), 1):.4f} over {len(dlp)} tokens")
-    data["agreement"] = {"prefix_match": match / total, "mean_abs_dlogprob": sum(dlp) / max(len(dlp), 1)}
+    bf = data["bf16"]
+    for label in labels[1:]:
+        match, total, dlp = 0, 0, []
+        for (a_ids, a_lp), (b_ids, b_lp) in zip(answers["bf16"], answers[label]):
+            same = next((j for j, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), len(a_ids))
+            match, total = match + same, total + len(a_ids)
+            dlp += [abs(x - y) for x, y in zip(a_lp[:same], b_lp[:same])]
+        f8 = data[label]
+        row(f"bs1 {model} {label} speed-up",
+            bf["bs1"]["decode_step_ms"]["mean"] / f8["bs1"]["decode_step_ms"]["mean"], "x bf16")
+        row(f"offline {model} {label} speed-up", f8["offline"]["rps"] / bf["offline"]["rps"], "x bf16")
+        row(f"greedy {model} {label} tokens equal to bf16 (before first change)", match / total, "of all",
+            f"mean |dlogprob| {sum(dlp) / max(len(dlp), 1):.4f} over {len(dlp)} tokens")
+        f8["agreement"] = {"prefix_match": match / total, "mean_abs_dlogprob": sum(dlp) / max(len(dlp), 1)}
     return data
 
 
@@ -147,6 +163,8 @@ def main() -> int:
     ap.add_argument("--skip-gemms", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script (with a tiny model)")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--variants", default="bf16,fp8,fp8+kv",
+                    help=f"what runs per model, bf16 first: {', '.join(f'{k} (quantization {q}, KV {kv})' for k, (q, kv) in VARIANTS.items())}")
     args = ap.parse_args()
     from tritongen.fetch import resolve_model
     from tritongen.tokenizer import load_tokenizer
