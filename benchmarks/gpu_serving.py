@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a server may take to start")
     ap.add_argument("--json-out", default=None, help="write the rows here (a JSON list)")
     ap.add_argument("--log-dir", default=None, help="server logs (default: a temporary directory)")
+    ap.add_argument("--sender-threads", type=int, default=None,
+                    help="the `llm` model's concurrent response sends (its parameter sender_threads; default 8)")
     add_engine_args(ap)  # --model, --tokenizer, --dtype, --device, --max-num-seqs, ... go to every server
     # dtype: bfloat16 on the GPU, float32 on CPU; prefix caching off (see the docstring).
     ap.set_defaults(model="dummy:llama-2-7b", dtype=None, enable_prefix_caching=False)
@@ -244,7 +246,8 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
             "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
             "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),
-            "engine_waiting": s.get("engine_waiting"), "error": error or s.get("first_error")}
+            "engine_waiting": s.get("engine_waiting"), "sender_threads": args.sender_threads,
+            "error": error or s.get("first_error")}
 
 
 # -- servers ----------------------------------------------------------------------------------------
@@ -331,11 +334,11 @@ def log_tail(path: Path, chars: int = 3000) -> str:
     return f"; log tail:\n{path.read_text(errors='replace')[-chars:]}" if path.exists() else ""
 
 
-def triton_server(options: dict, tmp: Path, log_file: Path):
+def triton_server(options: dict, tmp: Path, log_file: Path, sender_threads=None):
     from tritongen.triton.launcher import TritonServer
     from tritongen.triton.repo import write_repository
 
-    repo = write_repository(tmp / "repo", options)
+    repo = write_repository(tmp / "repo", options, sender_threads=sender_threads)
     http, grpc, metrics = free_ports(3)
     return TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log_file)
 
@@ -355,7 +358,8 @@ def sessions(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_session(server_kind: str, kinds: list[str], options: dict, tokenizer, requests, warm, args,
                 log_dir: Path, tmp: Path) -> list[dict]:
     log_file = log_dir / f"{server_kind}_server.log"
-    server = OpenAIServer(options, log_file) if server_kind == "openai" else triton_server(options, tmp, log_file)
+    server = OpenAIServer(options, log_file) if server_kind == "openai" else triton_server(options, tmp, log_file,
+                                                                                           args.sender_threads)
     rows = []
     t = time.monotonic()
     log(f"starting the {server_kind} server (log {log_file})")
