@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--engine", choices=("paced", "real"), default="paced")
     ap.add_argument("--step-ms", type=float, default=10.0, help="paced engine: the device time of one step")
     ap.add_argument("--stream-interval", type=int, default=None, help="the model parameter (default: 1)")
+    ap.add_argument("--sender-threads", type=int, default=None, help="the model parameter (default: 8)")
     ap.add_argument("--grpc-streams", type=int, default=None, help="client gRPC streams (default: min(N, 32))")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--keep-log", default=None, help="copy the server log here")
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     with tempfile.TemporaryDirectory(prefix="tritongen-stubbench-") as tmp:
         repo = write_repository(Path(tmp) / "repo", engine_options(args, max(levels)),
-                                stream_interval=args.stream_interval)
+                                stream_interval=args.stream_interval, sender_threads=args.sender_threads)
         if args.engine == "paced":
             (repo / "llm" / "1" / "model.py").write_text(
                 PACED_MODEL_PY.format(bench_dir=str(ROOT / "benchmarks"), step_ms=args.step_ms))

@@ -83,8 +83,12 @@ def test_stream_interval_parameter(monkeypatch):
         llm_model.stream_interval({"stream_interval": {"string_value": "0"}})
 
 
+def test_default_sender_threads_follow_the_batch():
+    assert [llm_model.default_sender_threads(n) for n in (1, 32, 128, 256, 512, 2048)] == [8, 8, 32, 64, 64, 64]
+
+
 def test_sender_threads_parameter():
-    default = llm_model.DEFAULT_SENDER_THREADS
+    default = llm_model.default_sender_threads(256)
     assert llm_model.positive_parameter({}, "sender_threads", default) == default
     assert llm_model.positive_parameter({"sender_threads": {"string_value": "3"}}, "sender_threads", default) == 3
     with pytest.raises(ValueError, match="sender_threads must be a positive integer, got 'x'"):

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--stream-interval", type=int, default=None, metavar="N",
                    help="tokens per streamed response of the engine model (parameter stream_interval; default 1)")
     p.add_argument("--sender-threads", type=int, default=None, metavar="N",
-                   help="concurrent response sends of the engine model (parameter sender_threads; default 8)")
+                   help="concurrent response sends of the engine model (parameter sender_threads; "
+                        "default: a quarter of max_num_seqs within [8, 64])")
     add_engine_args(p)
     p.set_defaults(func=cmd_repo)
 

@@ -50,7 +50,15 @@ _WATCH_INTERVAL_S = 0.05  # how often the drain file is looked for
 CANCEL_POLL_S = 0.2
 """Each request's sender is asked whether it was cancelled this often (the contract: aborted
 within 0.5 s)."""
-DEFAULT_SENDER_THREADS = 8  # concurrent response sends (each blocks its thread for one IPC round trip)
+
+
+def default_sender_threads(max_num_seqs: int) -> int:
+    """Concurrent response sends when `sender_threads` is unset: a quarter of the engine's batch,
+    within [8, 64]. A send blocks its thread for one round trip to the server (~1-2 ms under load),
+    and each stream has at most one send in flight, so at a step of 15-30 ms one response per
+    stream per step needs about a tenth of the streams sending at once; 8 threads capped the stub
+    at ~8 / round trip responses a second (docs/benchmarks.md, Triton streaming responses)."""
+    return min(64, max(8, max_num_seqs // 4))
 
 
 @dataclass
@@ -81,10 +89,11 @@ class TritonPythonModel:
         self.batch_dim = config.get("max_batch_size", 0) > 0
         self.stream_interval = stream_interval(config.get("parameters", {}))
         self.max_queue = max_queue(config.get("parameters", {}))
-        self.sender_threads = positive_parameter(config.get("parameters", {}), "sender_threads", DEFAULT_SENDER_THREADS)
         kwargs = engine_kwargs_from_config(config.get("parameters", {}))
         engine_config = EngineConfig.from_kwargs(**kwargs)
         self.max_num_seqs = engine_config.scheduler.max_num_seqs
+        self.sender_threads = positive_parameter(config.get("parameters", {}), "sender_threads",
+                                                 default_sender_threads(self.max_num_seqs))
         self.block_size = engine_config.cache.block_size
         self.engine = self._start_engine(kwargs)
         self._closing = False
