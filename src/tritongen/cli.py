@@ -138,7 +138,7 @@ def add_serve_parser(sub) -> None:
                    help="tokens per streamed response of the engine model (its parameter stream_interval; default 1)")
     t.add_argument("--sender-threads", type=int, default=None, metavar="N",
                    help="concurrent response sends of the engine model (its parameter sender_threads; "
-                        "default: a quarter of max_num_seqs within [8, 64])")
+                        "default: an eighth of max_num_seqs within [8, 32])")
     t.add_argument("--thread-pool-size", type=int, default=None, metavar="N",
                    help="python_backend's thread-pool-size: BLS requests in flight per Python model instance, "
                         "each model starting N threads (default: 2 x max_num_seqs within [64, 1024])")

@@ -84,7 +84,7 @@ def test_stream_interval_parameter(monkeypatch):
 
 
 def test_default_sender_threads_follow_the_batch():
-    assert [llm_model.default_sender_threads(n) for n in (1, 32, 128, 256, 512, 2048)] == [8, 8, 32, 64, 64, 64]
+    assert [llm_model.default_sender_threads(n) for n in (1, 64, 128, 256, 512, 2048)] == [8, 8, 16, 32, 32, 32]
 
 
 def test_sender_threads_parameter():

@@ -40,7 +40,7 @@ def register(subparsers) -> None:
                    help="tokens per streamed response of the engine model (parameter stream_interval; default 1)")
     p.add_argument("--sender-threads", type=int, default=None, metavar="N",
                    help="concurrent response sends of the engine model (parameter sender_threads; "
-                        "default: a quarter of max_num_seqs within [8, 64])")
+                        "default: an eighth of max_num_seqs within [8, 32])")
     add_engine_args(p)
     p.set_defaults(func=cmd_repo)
 

@@ -53,12 +53,12 @@ within 0.5 s)."""
 
 
 def default_sender_threads(max_num_seqs: int) -> int:
-    """Concurrent response sends when `sender_threads` is unset: a quarter of the engine's batch,
-    within [8, 64]. A send blocks its thread for one round trip to the server (~1-2 ms under load),
-    and each stream has at most one send in flight, so at a step of 15-30 ms one response per
-    stream per step needs about a tenth of the streams sending at once; 8 threads capped the stub
-    at ~8 / round trip responses a second (docs/benchmarks.md, Triton streaming responses)."""
-    return min(64, max(8, max_num_seqs // 4))
+    """Concurrent response sends when `sender_threads` is unset: an eighth of the engine's batch,
+    within [8, 32]. A send blocks its thread for one round trip to the server (~1-2 ms under load)
+    and each stream has at most one send in flight, so 8 threads capped a stub near 8 / round trip
+    responses a second: a stream got one response per two to four steps at 512 streams. More
+    than 32 threads measured no better (docs/benchmarks.md, Triton streaming responses)."""
+    return min(32, max(8, max_num_seqs // 8))
 
 
 @dataclass
