@@ -95,8 +95,7 @@ def variant_floor(arch, bw: float, context: int, label: str) -> float:
         return roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"]
     head = arch.vocab_size * arch.hidden_size
     weights = (roofline.matmul_params(arch) - head) * 1 + head * 2
-    kv_bytes = roofline.kv_bytes_per_token(arch, "bfloat16") // (2 if kv == "fp8" else 1)
-    return (weights + context * kv_bytes) / bw
+    return (weights + context * roofline.kv_bytes_per_token(arch, "fp8" if kv == "fp8" else "bfloat16")) / bw
 
 
 def section_model(model: str, args, bw: float, tokenizer) -> dict:
