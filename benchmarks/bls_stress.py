@@ -12,6 +12,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -84,12 +85,16 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a client waits for its answer")
+    ap.add_argument("--keep-logs", default=None, help="copy each run's server log into this folder")
     args = ap.parse_args(argv)
     survived = 0
     with tempfile.TemporaryDirectory(prefix="bls-stress-") as tmp:
         for run in range(args.runs):
             print(f"run {run}", flush=True)
             survived += one_run(Path(tmp) / f"run{run}", args)
+            if args.keep_logs:
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(tmp) / f"run{run}" / "server.log", Path(args.keep_logs) / f"run{run}.log")
     print(f"{survived}/{args.runs} runs without a dead stub")
     return 0 if survived == args.runs else 1
 

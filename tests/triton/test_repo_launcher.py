@@ -25,7 +25,8 @@ def test_repo_cli_writes_thin_models_and_parameters(tmp_path):
     assert 'key: "enable_prefix_caching" value: { string_value: "false" }' in config
     body = (tmp_path / "llm" / "1" / "model.py").read_text()
     assert "from tritongen.triton.llm_model import TritonPythonModel as _Model" in body and len(body.splitlines()) <= 16
-    assert "faulthandler.enable(all_threads=True)" in body and "faulthandler.disable()" in body
+    assert 'faulthandler.enable(all_threads=getattr(_Model, "FAULT_ALL_THREADS", True))' in body
+    assert "faulthandler.disable()" in body
     compile(body, "model.py", "exec")
     assert "decoupled" not in (tmp_path / "llm_bls" / "config.pbtxt").read_text()
     assert not (tmp_path / "ensemble" / "1" / "model.py").exists()

@@ -114,3 +114,26 @@ def test_send_on_reports_the_outcome_from_the_sender_thread():
     finally:
         pool.shutdown()
     assert threads and threads[0].startswith("test-send")
+
+
+def test_finished_bls_requests_are_let_go_only_after_the_hold(monkeypatch):
+    import weakref
+
+    from tritongen.triton import bls_model
+
+    class Obj:
+        pass
+
+    clock = [100.0]
+    monkeypatch.setattr(bls_model.time, "monotonic", lambda: clock[0])
+    held = bls_model._Held(5.0)
+    first = Obj()
+    gone = weakref.ref(first)
+    held.keep(first, Obj())
+    del first
+    clock[0] += 4.9
+    held.keep(Obj())
+    assert gone() is not None  # still within the hold
+    clock[0] += 0.2
+    held.keep(Obj())
+    assert gone() is None  # released by a later keep, past the hold

@@ -21,11 +21,14 @@ watcher sees the process gone and ends every request in flight with UNAVAILABLE 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import json
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 
@@ -38,9 +41,39 @@ logger = logging.getLogger(__name__)
 _MAX_IN_FLIGHT = 1024  # worker threads, each blocked on one inner request
 _WATCH_INTERVAL_S = 0.05
 _ENGINE_CHECK_S = 0.5  # how often the engine model's process is checked while requests are in flight
+_HOLD_S = 5.0  # how long a finished BLS request and its response iterator are kept alive
+
+
+class _Held:
+    """Finished BLS requests and their response iterators, kept alive `hold_s` longer and then let
+    go by a later request's worker thread, not the moment they finish. python_backend 24.10's stub
+    crashed (segfault, heap corruption) with hundreds of BLS requests in flight when they were freed
+    at once: in the response iterator of a BLS worker thread, or with no Python frame on the loop
+    thread that dropped the request (docs/reliability.md, Upstream: 4 of 7 runs of
+    `benchmarks/bls_stress.py --concurrency 512 --rounds 3` before, 0 of 7 since)."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self._items: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def keep(self, *objects) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._items.append((now, objects))
+            while now - self._items[0][0] > self.hold_s:
+                self._items.popleft()
+
+
+_HELD = _Held(_HOLD_S)
 
 
 class TritonPythonModel:
+    FAULT_ALL_THREADS = False
+    """model.py's faulthandler dumps only the faulting thread: with hundreds of BLS worker threads
+    the all-threads dump stops at faulthandler's 100 and missed the faulting one (seen at 512
+    requests in flight)."""
+
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils
 
@@ -168,21 +201,29 @@ class TritonPythonModel:
     def _run_row(self, inner):
         """Blocking: one row to its end; its last data outputs ({name: array}) or an error response."""
         last = None
-        for response in inner.exec(decoupled=True):
-            if response.has_error():
-                return self._inner_error(response)
-            if response.output_tensors():
-                last = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        responses = inner.exec(decoupled=True)
+        try:
+            for response in responses:
+                if response.has_error():
+                    return self._inner_error(response)
+                if response.output_tensors():
+                    last = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        finally:
+            _HELD.keep(inner, responses)
         return last if last is not None else errors.error_response(self.pb, f"{self.target} sent no response",
                                                                   "INTERNAL")
 
     def _forward_stream(self, inner, sender):
         """Blocking: send every data response of one streamed row on at once; None, or the error response."""
-        for response in inner.exec(decoupled=True):
-            if response.has_error():
-                return self._inner_error(response)
-            if response.output_tensors():
-                sender.send(self._merge([{t.name(): t.as_numpy() for t in response.output_tensors()}], 0))
+        responses = inner.exec(decoupled=True)
+        try:
+            for response in responses:
+                if response.has_error():
+                    return self._inner_error(response)
+                if response.output_tensors():
+                    sender.send(self._merge([{t.name(): t.as_numpy() for t in response.output_tensors()}], 0))
+        finally:
+            _HELD.keep(inner, responses)
         return None
 
     def _merge(self, rows: list, pad: int):

@@ -15,8 +15,9 @@ import faulthandler
 
 from {module} import {cls} as _Model
 
-# A stub killed by a fatal signal while it serves leaves every thread's Python stack in the server log.
-faulthandler.enable(all_threads=True)
+# A stub killed by a fatal signal while it serves leaves its Python stacks in the server log: every
+# thread's, or only the faulting one's where the model runs more threads than faulthandler lists (100).
+faulthandler.enable(all_threads=getattr(_Model, "FAULT_ALL_THREADS", True))
 
 
 class TritonPythonModel(_Model):
