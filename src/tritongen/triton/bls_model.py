@@ -50,7 +50,7 @@ class _Held:
     crashed (segfault, heap corruption) with hundreds of BLS requests in flight when they were freed
     at once: in the response iterator of a BLS worker thread, or with no Python frame on the loop
     thread that dropped the request (docs/reliability.md, Upstream: 4 of 7 runs of
-    `benchmarks/bls_stress.py --concurrency 512 --rounds 3` before, 0 of 7 since)."""
+    `benchmarks/bls_stress.py --concurrency 512 --rounds 3` before, 0 of 10 since)."""
 
     def __init__(self, hold_s: float) -> None:
         self.hold_s = hold_s
@@ -200,28 +200,27 @@ class TritonPythonModel:
 
     def _run_row(self, inner):
         """Blocking: one row to its end; its last data outputs ({name: array}) or an error response."""
-        last = None
-        responses = inner.exec(decoupled=True)
-        try:
-            for response in responses:
-                if response.has_error():
-                    return self._inner_error(response)
-                if response.output_tensors():
-                    last = {t.name(): t.as_numpy() for t in response.output_tensors()}
-        finally:
-            _HELD.keep(inner, responses)
-        return last if last is not None else errors.error_response(self.pb, f"{self.target} sent no response",
-                                                                  "INTERNAL")
+        last = collections.deque(maxlen=1)
+        error = self._exec(inner, last.append)
+        if error is not None:
+            return error
+        return last[0] if last else errors.error_response(self.pb, f"{self.target} sent no response", "INTERNAL")
 
     def _forward_stream(self, inner, sender):
         """Blocking: send every data response of one streamed row on at once; None, or the error response."""
+        return self._exec(inner, lambda outputs: sender.send(self._merge([outputs], 0)))
+
+    def _exec(self, inner, on_outputs):
+        """Blocking: run one inner request to its end, handing on_outputs each data response's outputs
+        ({name: array}); None, or the error response that ended it. The request and its response
+        iterator are kept alive a while longer (_HELD)."""
         responses = inner.exec(decoupled=True)
         try:
             for response in responses:
                 if response.has_error():
                     return self._inner_error(response)
                 if response.output_tensors():
-                    sender.send(self._merge([{t.name(): t.as_numpy() for t in response.output_tensors()}], 0))
+                    on_outputs({t.name(): t.as_numpy() for t in response.output_tensors()})
         finally:
             _HELD.keep(inner, responses)
         return None
