@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 _MAX_IN_FLIGHT = 1024  # worker threads, each blocked on one inner request
 _WATCH_INTERVAL_S = 0.05
+_CANCEL_POLL_S = 0.2
+"""Each request's sender is asked is_cancelled() this often (the contract: aborted within 0.5 s); the
+checks are spread over the watcher's ticks, a quarter of the requests each, never one burst per tick:
+each is a round trip to the server on the loop thread."""
 _ENGINE_CHECK_S = 0.5  # how often the engine model's process is checked while requests are in flight
 _HOLD_S = 5.0  # how long a finished BLS request and its response iterator are kept alive
 
@@ -94,7 +98,7 @@ class TritonPythonModel:
         self.pool = concurrent.futures.ThreadPoolExecutor(_MAX_IN_FLIGHT, thread_name_prefix="tritongen-bls")
         self._prefix = f"{self.name}-{os.getpid()}-"
         self._ids = itertools.count()
-        self._active: dict[str, tuple[object, asyncio.Task]] = {}
+        self._active: dict[str, tuple[object, asyncio.Task, int]] = {}  # sender, task, sequence number
         self._unavailable: set[str] = set()  # requests ended because the engine model's stub died
         self.loop = LoopThread(f"tritongen-{self.name}")
         self.loop.submit(self._watch())
@@ -110,7 +114,8 @@ class TritonPythonModel:
 
     async def _serve(self, request) -> None:
         sender = request.get_response_sender()
-        request_id = f"{self._prefix}{next(self._ids)}"
+        seq = next(self._ids)
+        request_id = f"{self._prefix}{seq}"
         loop = asyncio.get_running_loop()
         try:
             rows, stream, pad = self._inner_requests(request, request_id)
@@ -122,7 +127,7 @@ class TritonPythonModel:
                 response = errors.error_response(self.pb, f"internal error: {exc!r}", "INTERNAL")
             await loop.run_in_executor(self.pool, self._final, sender, response)
             return
-        self._active[request_id] = (sender, asyncio.current_task())
+        self._active[request_id] = (sender, asyncio.current_task(), seq)
         if stream:
             job = loop.run_in_executor(self.pool, self._forward_stream, rows[0][1], sender)
         else:  # every row at once: each is its own engine request
@@ -261,14 +266,20 @@ class TritonPythonModel:
 
     async def _watch(self) -> None:
         ticks_per_check = max(1, round(_ENGINE_CHECK_S / _WATCH_INTERVAL_S))
+        ticks_per_poll = max(1, round(_CANCEL_POLL_S / _WATCH_INTERVAL_S))
         for tick in itertools.count():
             await asyncio.sleep(_WATCH_INTERVAL_S)
             engine_gone = tick % ticks_per_check == 0 and bool(self._active) and not self._engine_alive()
-            for request_id, (sender, task) in list(self._active.items()):
-                try:
-                    cancelled = sender.is_cancelled()
-                except Exception:
+            for request_id, (sender, task, seq) in list(self._active.items()):
+                if engine_gone:
                     cancelled = False
+                elif seq % ticks_per_poll != tick % ticks_per_poll:
+                    continue  # its turn is another tick of this round
+                else:
+                    try:
+                        cancelled = sender.is_cancelled()
+                    except Exception:
+                        cancelled = False
                 if cancelled or engine_gone:
                     del self._active[request_id]
                     if engine_gone and not cancelled:
