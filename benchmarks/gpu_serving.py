@@ -68,7 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--json-out", default=None, help="write the rows here (a JSON list)")
     ap.add_argument("--log-dir", default=None, help="server logs (default: a temporary directory)")
     ap.add_argument("--sender-threads", type=int, default=None,
-                    help="the `llm` model's concurrent response sends (its parameter sender_threads; default 8)")
+                    help="the `llm` model's concurrent response sends (its parameter sender_threads; default an eighth "
+                         "of --max-num-seqs within [8, 32])")
     add_engine_args(ap)  # --model, --tokenizer, --dtype, --device, --max-num-seqs, ... go to every server
     # dtype: bfloat16 on the GPU, float32 on CPU; prefix caching off (see the docstring).
     ap.set_defaults(model="dummy:llama-2-7b", dtype=None, enable_prefix_caching=False)
@@ -233,6 +234,14 @@ def _pct(share) -> str:
     return "-" if share is None else f"{100 * share:.1f}%"
 
 
+def sender_threads(args) -> int:
+    """The `llm` model's sender threads in this run: --sender-threads, else its default."""
+    from tritongen.config import SchedulerConfig
+    from tritongen.triton.llm_model import default_sender_threads
+
+    return args.sender_threads or default_sender_threads(args.max_num_seqs or SchedulerConfig().max_num_seqs)
+
+
 def row(kind: str, args, summary: dict | None, start_s: float | None, error: str | None = None) -> dict:
     s = summary or {}
     ms = lambda key, p: (s.get(key) or {}).get(p)  # noqa: E731
@@ -246,7 +255,7 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
             "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
             "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),
-            "engine_waiting": s.get("engine_waiting"), "sender_threads": args.sender_threads,
+            "engine_waiting": s.get("engine_waiting"), "sender_threads": None if kind == "openai" else sender_threads(args),
             "error": error or s.get("first_error")}
 
 

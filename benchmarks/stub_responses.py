@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--engine", choices=("paced", "real"), default="paced")
     ap.add_argument("--step-ms", type=float, default=10.0, help="paced engine: the device time of one step")
     ap.add_argument("--stream-interval", type=int, default=None, help="the model parameter (default: 1)")
-    ap.add_argument("--sender-threads", type=int, default=None, help="the model parameter (default: 8)")
+    ap.add_argument("--sender-threads", type=int, default=None, help="the model parameter (default: an eighth of the engine's max_num_seqs "
+                    "within [8, 32])")
     ap.add_argument("--grpc-streams", type=int, default=None, help="client gRPC streams (default: min(N, 32))")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--keep-log", default=None, help="copy the server log here")
