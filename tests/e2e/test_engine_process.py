@@ -2,13 +2,15 @@
 deltas rebuild the cumulative fields, and nothing outlives shutdown. (tests/e2e/test_async_llm.py
 also runs all its stream tests in this mode; tests/e2e/test_engine_restart.py kills the child.)"""
 import asyncio
+import pickle
 
 import pytest
 
 from tritongen import AsyncLLM, SamplingParams
 from tritongen.core.engine import EngineCore
 from tritongen.entrypoints.async_engine import wants_engine_process
-from tritongen.entrypoints.engine_process import Delta, OutputAccumulator
+from tritongen.entrypoints.engine_process import Delta, OutputAccumulator, to_delta
+from tritongen.types import RequestOutput, RequestTimes, TokenLogprob
 
 OPTS = dict(dtype="float32", device="cpu", num_blocks=256)
 
@@ -27,6 +29,19 @@ def test_accumulator_rebuilds_cumulative_fields_from_deltas():
     assert (last.token_ids, last.text, last.delta_text, last.finish_reason) == ([5, 6, 7], "abc", "bc", "length")
     assert last.prompt_token_ids == [1, 2] and last.prompt == "Hi" and last.prompt_logprobs == [None, None]
     assert first.token_ids == [5]  # an earlier output is not changed by later deltas
+
+
+def test_a_delta_travels_as_plain_tuples_and_comes_back_whole():
+    out = RequestOutput("r", [1, 2], "ab", [5, 6], "b", [6], prompt_logprobs=[None, TokenLogprob(2, -0.25)],
+                        cumulative_logprob=-1.0, num_cached_tokens=1,
+                        times=RequestTimes(10.0, 10.5, 11.0, 12.0))
+    wire = pickle.dumps(to_delta(out, first=True), protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"Delta" not in wire and b"RequestTimes" not in wire  # no class pickled by name per delta
+    d = Delta._make(pickle.loads(wire))
+    rebuilt = OutputAccumulator("r", [1, 2], None).apply(d)
+    assert rebuilt.times == out.times and rebuilt.delta_token_ids == [6] and rebuilt.delta_text == "b"
+    assert rebuilt.prompt_logprobs == out.prompt_logprobs and rebuilt.cumulative_logprob == -1.0
+    assert Delta._make(pickle.loads(pickle.dumps(to_delta(out, first=False)))).prompt_logprobs is None
 
 
 def test_engine_process_is_on_by_default_only_for_cuda():

@@ -29,7 +29,8 @@ from typing import AsyncIterator, Callable, Optional, Union
 from tritongen.config import EngineConfig
 from tritongen.core.engine import EngineCore
 from tritongen.entrypoints.engine_loop import rebuild, run_engine_loop
-from tritongen.entrypoints.engine_process import AbortRequest, AddRequest, OutputAccumulator, RemoteEngine, StopEngine
+from tritongen.entrypoints.engine_process import (AbortRequest, AddRequest, Delta, OutputAccumulator, RemoteEngine,
+                                                  StopEngine)
 from tritongen.types import RequestOutput, SamplingParams, merge_outputs
 
 logger = logging.getLogger(__name__)
@@ -449,9 +450,10 @@ class _Forwarder:
         for done in acks.values():
             done.set()
 
-    def outputs(self, deltas: list) -> list[RequestOutput]:
+    def outputs(self, deltas: list[tuple]) -> list[RequestOutput]:
         outs = []
-        for d in deltas:
+        for raw in deltas:
+            d = Delta._make(raw)
             acc = self.accumulators.get(d.request_id)
             if acc is None:
                 continue  # rejected, or already finished

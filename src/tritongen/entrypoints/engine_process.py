@@ -8,7 +8,7 @@ keeps the tokenizer (it validates and tokenizes in the caller's thread) and a re
 
 Protocol over one socket pair (multiprocessing Connection, pickled):
   parent -> child: the engine options (a dict, first), then AddRequest, AbortRequest, StopEngine
-  child -> parent: ("ready", limits, stats), ("step", [Delta], stats), ("rejected", request_id, message),
+  child -> parent: ("ready", limits, stats), ("step", [Delta as a tuple], stats), ("rejected", request_id, message),
                    ("aborted", ack), ("dead", message) (the engine was given up; the child exits)
 A step travels as deltas only (new token ids and text, finish reason, new logprobs): the parent
 rebuilds each RequestOutput's cumulative fields, so a message's size does not grow with the
@@ -18,14 +18,15 @@ child dies or gives up, AsyncLLM ends the requests in flight and spawns a new on
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from tritongen.core.engine import EngineLimits, Prompt, tokenize, validate
 from tritongen.processes import end_process, exit_with_parent, spawn_module
@@ -60,9 +61,11 @@ class StopEngine:
     """End the engine loop; the child exits."""
 
 
-@dataclass
-class Delta:
-    """What one step adds to one request's output."""
+class Delta(NamedTuple):
+    """What one step adds to one request's output. It travels as a plain tuple in this order
+    (`to_delta`; the parent reads it with `Delta._make`), RequestTimes as a tuple of its fields:
+    pickling a step of 512 dataclass deltas and their RequestTimes took ~0.8 ms in the engine
+    process and ~0.9 ms to load in the parent on CPU, plain tuples ~0.15 ms each."""
 
     request_id: str
     token_ids: list[int]
@@ -73,13 +76,18 @@ class Delta:
     num_cached_tokens: int
     error: Optional[str]
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
-    times: Optional[RequestTimes] = None
+    times: Optional[tuple] = None
+    """RequestTimes' fields, in order."""
 
 
-def to_delta(out: RequestOutput, first: bool) -> Delta:
-    return Delta(out.request_id, out.delta_token_ids, out.delta_text, out.finish_reason, out.delta_logprobs,
-                 out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None,
-                 out.times)
+_TIME_FIELDS = operator.attrgetter(*(f.name for f in fields(RequestTimes)))
+
+
+def to_delta(out: RequestOutput, first: bool) -> tuple:
+    """The wire form of a Delta (a plain tuple)."""
+    return (out.request_id, out.delta_token_ids, out.delta_text, out.finish_reason, out.delta_logprobs,
+            out.cumulative_logprob, out.num_cached_tokens, out.error, out.prompt_logprobs if first else None,
+            None if out.times is None else _TIME_FIELDS(out.times))
 
 
 @dataclass
@@ -106,7 +114,7 @@ class OutputAccumulator:
                              finish_reason=d.finish_reason, prompt=self.prompt, logprobs=self.logprobs,
                              delta_logprobs=d.logprobs, prompt_logprobs=self.prompt_logprobs,
                              cumulative_logprob=d.cumulative_logprob, num_cached_tokens=d.num_cached_tokens,
-                             error=d.error, times=d.times)
+                             error=d.error, times=None if d.times is None else RequestTimes(*d.times))
 
 
 class RemoteEngine:
@@ -255,7 +263,8 @@ def child_main(fd: int) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's function: Delta must pickle as tritongen.entrypoints.engine_process.Delta.
+    # Run the imported module's function: what pickles by class (AddRequest, ...) must pickle under
+    # tritongen.entrypoints.engine_process, not __main__.
     from tritongen.entrypoints import engine_process
 
     sys.exit(engine_process.child_main(int(sys.argv[1])))
