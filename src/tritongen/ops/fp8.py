@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE, Fp8Scales
+from tritongen.ops.fp8_scales import E4M3_MAX, E4M3_MAX_RECIPROCAL, MIN_SCALE, Fp8Scales
 
 E4M3 = torch.float8_e4m3fn
 WEIGHT_ONLY_ROWS = 16
@@ -78,7 +78,7 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales) -
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token activation quantization: (q [M, K] e4m3, scale float32 [M, 1])."""
     x32 = x.float()
-    scale = (x32.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
+    scale = (x32.abs().amax(dim=-1, keepdim=True) * E4M3_MAX_RECIPROCAL).clamp(min=MIN_SCALE)
     return (x32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
 
 

@@ -10,6 +10,10 @@ from typing import Optional
 SCALE_KINDS = ("channel", "tensor", "block")
 E4M3_MAX = 448.0
 """The largest finite float8_e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)."""
+E4M3_MAX_RECIPROCAL = 1.0 / E4M3_MAX
+"""A per-token scale is amax times this (as float32), not amax / E4M3_MAX: torch on CUDA divides a
+tensor by a Python number as a multiplication by its float32 reciprocal, on CPU it divides, so only
+the product is one value on every device and in the Triton kernels."""
 MIN_SCALE = 1e-12
 """The scale of an all-zero row or token instead of 0 (no division by zero)."""
 

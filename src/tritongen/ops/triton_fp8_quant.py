@@ -1,14 +1,15 @@
 """Triton kernel for dynamic per-token FP8 quantization: (q float8_e4m3fn [M, K], scale float32
-[M, 1]) with scale = max(amax(|x|) / E4M3_MAX, MIN_SCALE) per row and q = clamp(x / scale,
+[M, 1]) with scale = max(amax(|x|) * float32(1 / E4M3_MAX), MIN_SCALE) per row and q = clamp(x / scale,
 ±E4M3_MAX), in one launch instead of the reference's chain of small torch kernels (cast, abs, amax,
 divide, clamp, divide, clamp, cast), which cost more than the FP8 GEMM it feeds at moderate row
 counts.
 
 One program per row. A row that fits one block (K <= ONE_BLOCK_MAX) is loaded once; a longer one
-is read twice, in BLOCK_K pieces: once for the amax, once to quantize. The divisions are IEEE
-round-to-nearest (tl.math.div_rn; Triton's `/` on float32 is an approximate division) and the
-float32 -> e4m3 conversion rounds to nearest even, so q and scale equal ops.fp8.quantize_tokens'
-bit for bit (tests/gpu/test_triton_fp8_quant.py).
+is read twice, in BLOCK_K pieces: once for the amax, once to quantize. x / scale is an IEEE
+round-to-nearest division (tl.math.div_rn; Triton's `/` on float32 is an approximate division), the
+scale a float32 product (fp8_scales.E4M3_MAX_RECIPROCAL says why) and the float32 -> e4m3
+conversion rounds to nearest even, so q and scale equal ops.fp8.quantize_tokens' bit for bit
+(tests/gpu/test_triton_fp8_quant.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops.fp8_scales import E4M3_MAX, MIN_SCALE
+from tritongen.ops.fp8_scales import E4M3_MAX, E4M3_MAX_RECIPROCAL, MIN_SCALE
 
 ONE_BLOCK_MAX = 16384
 """Longest row quantized from registers in one load (hidden sizes, and MLP widths such as 7B's
@@ -27,15 +28,16 @@ LOOP_BLOCK_K = 4096
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 _MIN = tl.constexpr(MIN_SCALE)
+_RECIPROCAL = tl.constexpr(E4M3_MAX_RECIPROCAL)
 
 
 @triton.jit
 def store_quantized_row(x, Q_row, S_row, cols, ok):
     """Quantize one float32 row (zeros where ~ok) as ops.fp8.quantize_tokens does: scale =
-    max(amax / E4M3_MAX, MIN_SCALE), q = clamp(x / scale) to nearest even, IEEE divisions; store q
+    max(amax * float32(1 / E4M3_MAX), MIN_SCALE), q = clamp(x / scale) to nearest even (IEEE division); store q
     at Q_row + cols and the scale at S_row. Also the epilogue of the RMSNorm kernels that hand an
     fp8 projection its input quantized (ops/triton_elementwise.py)."""
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), _E4M3_MAX), _MIN)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * _RECIPROCAL, _MIN)
     q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -_E4M3_MAX), _E4M3_MAX)
     tl.store(Q_row + cols, q.to(Q_row.dtype.element_ty), mask=ok)
     tl.store(S_row, scale)
@@ -56,7 +58,7 @@ def _quantize_tokens_kernel(X, Q, S, k_size, stride_xm, BLOCK_K: tl.constexpr, O
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_row + k, mask=k < k_size, other=0.0).to(tl.float32)
             top = tl.maximum(top, tl.abs(x))
-        scale = tl.maximum(tl.math.div_rn(tl.max(top, axis=0), _E4M3_MAX), _MIN)
+        scale = tl.maximum(tl.max(top, axis=0) * _RECIPROCAL, _MIN)
         for k0 in range(0, k_size, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_row + k, mask=k < k_size, other=0.0).to(tl.float32)
