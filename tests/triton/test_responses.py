@@ -137,3 +137,56 @@ def test_finished_bls_requests_are_let_go_only_after_the_hold(monkeypatch):
     clock[0] += 0.2
     held.keep(Obj())
     assert gone() is None  # released by a later keep, past the hold
+
+
+def test_bls_watcher_asks_each_request_once_per_poll_interval_and_cancels_the_cancelled(monkeypatch):
+    import itertools
+
+    from tritongen.triton import bls_model
+
+    ticks_per_poll = round(bls_model._CANCEL_POLL_S / bls_model._WATCH_INTERVAL_S)
+    monkeypatch.setattr(bls_model, "_WATCH_INTERVAL_S", 0.001)  # faster ticks, the same ratio
+    monkeypatch.setattr(bls_model, "_CANCEL_POLL_S", 0.001 * ticks_per_poll)
+    yielded: list[int] = []
+
+    class CountingItertools:
+        @staticmethod
+        def count():
+            for tick in itertools.count():
+                yielded.append(tick)
+                yield tick
+
+    monkeypatch.setattr(bls_model, "itertools", CountingItertools)
+
+    class Sender:
+        def __init__(self, cancelled: bool) -> None:
+            self.asked, self.cancelled = 0, cancelled
+
+        def is_cancelled(self) -> bool:
+            self.asked += 1
+            return self.cancelled
+
+    async def go():
+        model = object.__new__(bls_model.TritonPythonModel)
+        model._active, model._unavailable = {}, set()
+        model._engine_alive = lambda: True
+        never = asyncio.get_running_loop().create_future()
+        tasks = {seq: asyncio.ensure_future(asyncio.shield(never)) for seq in range(10)}
+        senders = {seq: Sender(cancelled=seq == 3) for seq in range(10)}
+        for seq in range(10):
+            model._active[f"r{seq}"] = (senders[seq], tasks[seq], seq)
+        watcher = asyncio.ensure_future(model._watch())
+        while len(yielded) < 3 * ticks_per_poll + 2:
+            await asyncio.sleep(0.001)
+        watcher.cancel()  # it waits after yielding its last tick: the ticks before it were polled
+        await asyncio.sleep(0)
+        return model, tasks, senders
+
+    model, tasks, senders = asyncio.run(go())
+    assert ticks_per_poll == 4
+    polled = yielded[:-1]
+    assert senders[3].asked == 1 and tasks[3].cancelled() and "r3" not in model._active
+    for seq, sender in senders.items():
+        if seq != 3:  # asked on its own tick of every round, never on the others
+            assert sender.asked == sum(1 for t in polled if t % ticks_per_poll == seq % ticks_per_poll), seq
+            assert not tasks[seq].cancelled()
