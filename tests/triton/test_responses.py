@@ -142,11 +142,11 @@ def test_finished_bls_requests_are_let_go_only_after_the_hold(monkeypatch):
 def test_bls_watcher_asks_each_request_once_per_poll_interval_and_cancels_the_cancelled(monkeypatch):
     import itertools
 
-    from tritongen.triton import bls_model
+    from tritongen.triton import bls_model, control
 
-    ticks_per_poll = round(bls_model._CANCEL_POLL_S / bls_model._WATCH_INTERVAL_S)
+    ticks_per_poll = round(control.CANCEL_POLL_S / bls_model._WATCH_INTERVAL_S)
     monkeypatch.setattr(bls_model, "_WATCH_INTERVAL_S", 0.001)  # faster ticks, the same ratio
-    monkeypatch.setattr(bls_model, "_CANCEL_POLL_S", 0.001 * ticks_per_poll)
+    monkeypatch.setattr(control, "CANCEL_POLL_S", 0.001 * ticks_per_poll)
     yielded: list[int] = []
 
     class CountingItertools:

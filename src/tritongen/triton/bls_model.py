@@ -40,10 +40,6 @@ logger = logging.getLogger(__name__)
 
 _MAX_IN_FLIGHT = 1024  # worker threads, each blocked on one inner request
 _WATCH_INTERVAL_S = 0.05
-_CANCEL_POLL_S = 0.2
-"""Each request's sender is asked is_cancelled() this often (the contract: aborted within 0.5 s); the
-checks are spread over the watcher's ticks, a quarter of the requests each, never one burst per tick:
-each is a round trip to the server on the loop thread."""
 _ENGINE_CHECK_S = 0.5  # how often the engine model's process is checked while requests are in flight
 _HOLD_S = 5.0  # how long a finished BLS request and its response iterator are kept alive
 
@@ -266,7 +262,8 @@ class TritonPythonModel:
 
     async def _watch(self) -> None:
         ticks_per_check = max(1, round(_ENGINE_CHECK_S / _WATCH_INTERVAL_S))
-        ticks_per_poll = max(1, round(_CANCEL_POLL_S / _WATCH_INTERVAL_S))
+        # each request every CANCEL_POLL_S: on one tick of every round (by its sequence number)
+        ticks_per_poll = max(1, round(control.CANCEL_POLL_S / _WATCH_INTERVAL_S))
         for tick in itertools.count():
             await asyncio.sleep(_WATCH_INTERVAL_S)
             engine_gone = tick % ticks_per_check == 0 and bool(self._active) and not self._engine_alive()

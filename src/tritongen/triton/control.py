@@ -17,6 +17,11 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+CANCEL_POLL_S = 0.2
+"""How often the engine model and the forwarding models ask each request's response sender whether its
+client cancelled (the contract: aborted within 0.5 s). Each check is a round trip to the server, so
+both spread the checks over the interval, never one burst per request."""
+
 TOKEN_PARAMETER = "tritongen_control_token"
 """Request parameter that carries the token on a control request."""
 

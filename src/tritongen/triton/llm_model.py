@@ -37,6 +37,7 @@ from typing import Optional
 from tritongen.config import DEFAULT_MAX_QUEUE, EngineConfig
 from tritongen.metrics import RequestTimer, update_engine_gauges
 from tritongen.triton import codec, control, errors
+from tritongen.triton.control import CANCEL_POLL_S
 from tritongen.triton.loop import LoopThread
 from tritongen.triton.responses import METRICS_LOCK, MetricOps, SendThreads, TensorCache, flush_metrics, send_on
 from tritongen.triton.metric_families import TritonMetricsSink
@@ -47,9 +48,6 @@ from tritongen.triton.trtllm import PerfMetrics
 logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL_S = 0.05  # how often the drain file is looked for
-CANCEL_POLL_S = 0.2
-"""Each request's sender is asked whether it was cancelled this often (the contract: aborted
-within 0.5 s)."""
 
 
 def default_sender_threads(max_num_seqs: int) -> int:
