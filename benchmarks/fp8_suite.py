@@ -48,38 +48,46 @@ def section_tests() -> dict:
 def section_gemms(model: str) -> dict:
     """Device time per call (CUDA graphs, as decode runs) of each decode GEMM shape: bf16 F.linear,
     the FP8 Triton kernel select_configs picks (weight-only, or quantized tokens where "QUANT" is in
-    its config: for qkv, gate_up and down without the quantization, which their producer does in
-    the Llama family) with its tiling, and per-token FP8 + _scaled_mm."""
+    its config) with its tiling, and per-token FP8 + _scaled_mm. qkv and gate_up follow an RMSNorm,
+    down SiLU·mul: as in the Llama family those ops can quantize for the product (Fp8Linear.producer),
+    so for them every column includes that op (the plain one, or its quantizing variant before a
+    quantized-token config), as select_configs times them."""
     from tritongen.ops.fp8 import Fp8Linear, Fp8Scales, _scaled_mm_linear
-    from tritongen.ops.triton_fp8 import select_configs
+    from tritongen.ops.triton_fp8 import _producer_ops, select_configs
     from tritongen.ops.triton_gemv import graph_time_us
 
     arch = read_arch(model)
     h, i = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
     shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i)}
+    producers = {"qkv": "rms_norm", "gate_up": "rms_norm", "down": "silu_mul"}
     out = {}
     for name, (n, k) in shapes.items():
         dense = [torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        producer = producers.get(name)
         for scales in (Fp8Scales("channel"), Fp8Scales("block", (128, 128))):
             layers = [Fp8Linear.from_linear(d, scales) for d in dense]
-            fed = name in ("qkv", "gate_up", "down")
-            for layer in layers:  # as models/llama.py marks them: their RMSNorm / SiLU·mul quantizes x
-                layer.producer_quantizes = fed
+            for layer in layers:  # as models/llama.py marks them
+                layer.producer = producer
             chosen = select_configs(layers, torch.bfloat16)
             for rows in (1, 8, 16):
                 x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-                cfg, fp8_us = chosen[(n, k, scales.kind, fed, rows)]
-                t = {"bf16": graph_time_us(lambda d: torch.nn.functional.linear(x, d.weight), dense),
+                plain = _producer_ops(producer, x)[0] if producer else (lambda: x)
+                cfg, fp8_us = chosen[(n, k, scales.kind, producer, rows)]
+                t = {"bf16": graph_time_us(lambda d: torch.nn.functional.linear(plain(), d.weight), dense),
                      "fp8_triton": fp8_us}
                 if scales.kind == "channel":
                     t["fp8_scaled_mm"] = graph_time_us(
-                        lambda layer: _scaled_mm_linear(x, layer.weight, layer.weight_scale, scales, None), layers)
+                        lambda layer: _scaled_mm_linear(plain(), layer.weight, layer.weight_scale, scales, None),
+                        layers)
+                if producer:
+                    t[producer] = graph_time_us(lambda _: plain(), dense)
                 key = f"{name} {n}x{k} {scales.kind} rows={rows}"
                 out[key] = {**t, "config": cfg}
+                gemm_us = fp8_us - t.get(producer, 0.0)
                 row(f"gemm {key}", t["bf16"] / fp8_us, "x bf16",
                     ", ".join(f"{m} {v:.1f} us" for m, v in t.items())
-                    + f"; fp8 bytes at {n * k / fp8_us / 1e6:.2f} TB/s; {cfg}")
+                    + f"; fp8 bytes at {n * k / gemm_us / 1e6:.2f} TB/s less the plain {producer or 'op'}; {cfg}")
     return out
 
 

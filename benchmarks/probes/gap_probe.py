@@ -1,7 +1,8 @@
 """Where a batch-1 decode step's device time goes between kernels: for each engine loop
 (asynchronous scheduling, pipelined, sequential) profile decode steps and split the idle time of
 the GPU stream into small gaps (inside a CUDA graph) and large ones (the device waiting for the
-host); also replay the batch-1 graph alone back to back (no host work at all).
+host), list the kernels by device time per step; also replay the batch-1 graph alone back to back (no
+host work at all).
 
     PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/probes/gap_probe.py --model dummy:llama-2-7b
 """
@@ -15,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from tritongen import LLM
 from tritongen.bench.offline import fixed_length_params
-from tritongen.bench.step_profile import device_gaps, host_breakdown, kernel_spans
+from tritongen.bench.step_profile import device_gaps, host_breakdown, kernel_spans, kernel_table
 
 
 def main() -> None:
@@ -23,13 +24,17 @@ def main() -> None:
     ap.add_argument("--model", default="dummy:llama-2-7b")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cuda", help="cpu only checks the script (tiny model, nothing to see)")
+    ap.add_argument("--quantization", default=None, help="e.g. fp8")
+    ap.add_argument("--modes", default="async,pipelined,sequential", help="engine loops to profile, comma list")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
-    llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device)
+    llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device,
+              quantization=args.quantization)
     eng = llm.engine
     modes = {"async": (True, True), "pipelined": (True, False), "sequential": (False, False)}
-    for name, (pipelined, async_) in modes.items():
+    for name in args.modes.split(","):
+        pipelined, async_ = modes[name]
         eng.pipelined, eng.async_scheduling = pipelined, async_
         eng.add_request(name, list(range(100, 228)), fixed_length_params(4 * args.steps + 40))
         for _ in range(10):
@@ -44,7 +49,8 @@ def main() -> None:
             for _ in range(args.steps):
                 eng.step()
             torch.cuda.synchronize()
-        g = device_gaps(kernel_spans(prof), args.steps)
+        spans = kernel_spans(prof)
+        g = device_gaps(spans, args.steps)
         breakdown = host_breakdown(eng, args.steps)
         eng.abort(name)
         while eng.has_unfinished():
@@ -55,6 +61,7 @@ def main() -> None:
         for (a, b), us in g["top_large"]:
             print(f"    large gaps {us / args.steps:8.1f} us/step after {a!r} before {b!r}")
         print(breakdown, flush=True)
+        print(kernel_table(spans, args.steps), flush=True)
     graphs = eng.runner.graphs
     if graphs is not None:
         g1 = graphs.graphs[1]

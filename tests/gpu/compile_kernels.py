@@ -133,8 +133,9 @@ def configs() -> list[tuple]:
             block = triton.next_power_of_2(hidden)
             for offset in (False, True):  # Llama's form, Gemma's
                 for quant in (False, True) if dtype == "bf16" else (False,):  # output quantized for fp8
-                    out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant)))
-                    out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant)))
+                    warps = dict(num_warps=te.wide_row_warps(block))
+                    out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant), warps))
+                    out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant), warps))
         for hidden in (768, 4096):  # GPT-2, Bloom-7B1
             for has_bias in (True, False) if hidden == 768 else (True,):
                 block = triton.next_power_of_2(hidden)
@@ -149,7 +150,7 @@ def configs() -> list[tuple]:
                                                          BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
         if dtype == "bf16":  # quantized for an fp8 down_proj: 7B / 13B MLP widths, one program a row
-            out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=8)))
+            out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=te.wide_row_warps(16384))))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU
             out.append((te._gelu_tanh_kernel, dtype, dict(BLOCK=1024, GATED=gated)))
         for offset in (False, True):  # Qwen3-8B's qk-norm, Gemma 3's (1 + w)

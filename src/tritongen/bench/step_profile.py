@@ -39,6 +39,18 @@ def device_gaps(kernels, steps: int) -> dict:
             "kernels_per_step": len(kernels) / steps, "top_large": pairs.most_common(4)}
 
 
+def kernel_table(kernels, steps: int, top: int = 14) -> str:
+    """The kernels by device time per step, summed by name (names cut to 70 characters)."""
+    total: Counter = Counter()
+    calls: Counter = Counter()
+    for s, e, name in kernels:
+        total[name[:70]] += e - s
+        calls[name[:70]] += 1
+    lines = [f"    {'kernel':70s} {'us/step':>8s} {'calls/step':>10s}"]
+    lines += [f"    {name:70s} {us / steps:8.1f} {calls[name] / steps:10.1f}" for name, us in total.most_common(top)]
+    return "\n".join(lines)
+
+
 def host_breakdown(eng, steps: int) -> str:
     """Host ms/step inside each phase of the loop (perf_counter around the engine's calls)."""
     import functools

@@ -248,7 +248,7 @@ class LlamaForCausalLM(nn.Module):
             _mark_norm_fed(mlp.gate_up_proj, layer.post_attention_layernorm)
             if mlp.act in ("silu", "swish") and isinstance(mlp.gate_up_proj, Fp8Linear) and \
                     isinstance(mlp.down_proj, Fp8Linear):
-                mlp.down_proj.producer_quantizes = True  # SiLU·mul's kernel can quantize its input
+                mlp.down_proj.producer = "silu_mul"  # SiLU·mul's kernel can quantize its input
         self._register_state_dict_hook(_split_fused)
         self._register_load_state_dict_pre_hook(_stack_fused)
 
@@ -274,9 +274,9 @@ _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_a
 
 def _mark_norm_fed(projection: nn.Module, norm: nn.Module) -> None:
     """An fp8 projection after a plain RMSNorm may get its input quantized by the norm
-    (_hands_tokens): select_configs then times its quantized-token kernel without the quantization."""
+    (_hands_tokens): select_configs then times its candidates after the norm (Fp8Linear.producer)."""
     if isinstance(projection, Fp8Linear) and type(norm) is RMSNorm:
-        projection.producer_quantizes = True
+        projection.producer = "rms_norm"
 
 
 def _stack(*linears: nn.Module) -> nn.Module:

@@ -162,9 +162,12 @@ class Fp8Linear(nn.Module):
                      if bias else None)
         self.kernel_configs: dict[int, dict] = {}
         """CUDA: the Triton kernel's tiling per row bucket, measured at load (triton_fp8.select_configs)."""
-        self.producer_quantizes = False
-        """The op before this layer (an RMSNorm, SiLU·mul) can write its input quantized per token
-        (Fp8Tokens): select_configs then times the quantized-token kernel without the quantization."""
+        self.producer: Optional[str] = None
+        """The op before this layer where it can write this layer's input quantized per token
+        (Fp8Tokens): "rms_norm" (the residual add and RMSNorm) or "silu_mul". select_configs then
+        times every candidate after that op, its quantizing variant before a quantized-token
+        configuration and its plain one before the others, so the quantizing epilogue's own cost
+        counts in the choice."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel")) -> "Fp8Linear":

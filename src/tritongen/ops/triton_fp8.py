@@ -248,15 +248,40 @@ def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale
     return y
 
 
-def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, producer_quantizes: bool) -> Callable:
-    """What a decode step runs for one layer with `config`: fp8_linear on x, or, for a quantized-token
-    config of a layer whose producer quantizes its input (Fp8Linear.producer_quantizes), the product on
-    tokens quantized beforehand (the producer's epilogue does it in the step)."""
-    if config.get("QUANT") and producer_quantizes:
-        xq, xs = triton_fp8_quant.quantize_tokens(x)
-        return lambda layer: fp8_tokens_linear(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config,
-                                               x.dtype)
-    return lambda layer: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, config)
+def _producer_ops(producer: str, x: torch.Tensor) -> tuple[Callable, Callable]:
+    """(plain, quantizing) calls of the op that feeds a layer its input x [rows, K] in a decode step
+    (Fp8Linear.producer): the residual add and RMSNorm over K, or SiLU·mul over gate and up of K
+    columns each (strided halves of one product, as the step has them); the quantizing one returns
+    (q, scale)."""
+    from tritongen.ops import triton_elementwise as te
+
+    rows, k = x.shape
+    if producer == "rms_norm":
+        residual, weight = torch.randn_like(x), torch.ones(k, device=x.device, dtype=x.dtype)
+        return (lambda: te.add_rms_norm(x, residual, weight, 1e-6)[0],
+                lambda: te.add_rms_norm_fp8(x, residual, weight, 1e-6)[0])
+    if producer == "silu_mul":
+        gate_up = torch.randn(rows, 2 * k, device=x.device, dtype=x.dtype)
+        gate, up = gate_up[:, :k], gate_up[:, k:]
+        return lambda: te.silu_and_mul(gate, up), lambda: te.silu_and_mul_fp8(gate, up)
+    raise ValueError(f"unknown fp8 producer {producer!r}: expected 'rms_norm' or 'silu_mul'")
+
+
+def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, producer: Optional[str]) -> Callable:
+    """What a decode step runs for one layer with `config`: fp8_linear on x; for a layer whose
+    producer can quantize its input (Fp8Linear.producer), that op first, quantizing before a
+    quantized-token config (the product then takes its tokens) and plain before the others. The
+    quantizing epilogue runs one program per row and costs the op time at batch 1, which a
+    quantized-token product must win back."""
+    if producer is None:
+        return lambda layer: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, config)
+    plain, quantizing = _producer_ops(producer, x)
+    if config.get("QUANT"):
+        def run(layer):
+            xq, xs = quantizing()
+            return fp8_tokens_linear(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config, x.dtype)
+        return run
+    return lambda layer: fp8_linear(plain(), layer.weight, layer.weight_scale, scales, layer.bias, config)
 
 
 @torch.inference_mode()
@@ -268,16 +293,16 @@ def select_configs(layers: list, dtype: torch.dtype,
     load, before capture: graph_time_us runs each candidate eagerly first, which also grows the
     shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
     never allocates. A layout without candidates keeps the default tiling. Layers whose producer
-    (an RMSNorm, SiLU·mul) quantizes their input (producer_quantizes) have their quantized-token
-    candidates timed without the quantization, as the step runs them. `agree` maps all the timings
+    (an RMSNorm, SiLU·mul) can quantize their input (Fp8Linear.producer) are timed with that op
+    before them (_timed_call), so the times of such a group include it. `agree` maps all the timings
     at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel ranks pass
     the mean over the ranks, so that every rank runs the same kernels).
-    Returns {(N, K, kind, producer_quantizes, rows): (config, microseconds)}."""
+    Returns {(N, K, kind, producer, rows): (config, microseconds)}."""
     from tritongen.ops.triton_gemv import graph_time_us
 
     groups: dict[tuple, list] = {}
     for layer in layers:
-        groups.setdefault((*layer.weight.shape, layer.scales, layer.producer_quantizes), []).append(layer)
+        groups.setdefault((*layer.weight.shape, layer.scales, layer.producer), []).append(layer)
     cases = []  # (n, k, scales, group, rows, configs)
     for (n, k, scales, _), group in groups.items():
         configs = candidates(scales, k)
@@ -285,7 +310,7 @@ def select_configs(layers: list, dtype: torch.dtype,
     times = []
     for n, k, scales, group, rows, configs in cases:
         x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].producer_quantizes), group) for cfg in configs]
+        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].producer), group) for cfg in configs]
     if agree is not None:
         times = agree(times)
     made, at = {}, 0
@@ -293,7 +318,7 @@ def select_configs(layers: list, dtype: torch.dtype,
         mine = times[at:at + len(configs)]
         at += len(configs)
         best = min(range(len(mine)), key=mine.__getitem__)
-        made[(n, k, scales.kind, group[0].producer_quantizes, rows)] = (configs[best], mine[best])
+        made[(n, k, scales.kind, group[0].producer, rows)] = (configs[best], mine[best])
         for layer in group:
             layer.kernel_configs[rows] = configs[best]
     return made
