@@ -142,7 +142,10 @@ class ModelRunner:
             from tritongen.ops import triton_fp8
 
             made = triton_fp8.select_configs(fp8, self.dtype, agree=self._mean_over_ranks)
-            logger.info("fp8 decode GEMMs: tilings chosen for %d (shape, rows) cases", len(made))
+            tokens = sorted(f"{n}x{k} after {producer} at {rows} rows" for (n, k, _, producer, rows), (cfg, _)
+                            in made.items() if cfg.get("QUANT"))
+            logger.info("fp8 decode GEMMs: tilings chosen for %d (shape, rows) cases; quantized tokens in %d: %s",
+                        len(made), len(tokens), ", ".join(tokens) or "none")
 
     def _mean_over_ranks(self, values: list[float]) -> list[float]:
         """The mean of each value over the tensor-parallel ranks (a collective: every rank calls it)."""
