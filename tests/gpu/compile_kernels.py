@@ -32,6 +32,7 @@ from tritongen.ops import triton_fp8_quant as tfq  # noqa: E402
 from tritongen.ops import triton_gemv as tg  # noqa: E402
 from tritongen.ops.fp8 import Fp8Scales  # noqa: E402
 from tritongen.ops import triton_lamport as tl_  # noqa: E402
+from tritongen.ops import triton_moe as tm  # noqa: E402
 from tritongen.ops import triton_qk_norm as tq  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -40,14 +41,17 @@ INT64_ARGS = {"timeout_ns"}
 INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
-         "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}, "_fp8_tokens_gemm": {"M", "N", "K", "K_PER_SPLIT"}}
+         "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}, "_fp8_tokens_gemm": {"M", "N", "K", "K_PER_SPLIT"},
+         "_align_kernel": {"P", "E", "S"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
                  "_quantize_tokens_kernel": {"Q": "*fp8e4nv", "S": "*fp32"},
                  "_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
                  "_silu_mul_fp8_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
-                 "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"}}
+                 "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
+                 "_align_kernel": {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+                                   "num_padded_ptr": "*i32"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
                       "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
@@ -149,6 +153,10 @@ def configs() -> list[tuple]:
             out.append((tl_._lamport_kernel, dtype, dict(RANK=rank, WORLD=2, WORLD_POW2=2, BITS=16, TIMEOUT=True,
                                                          BLOCK=8192), dict(num_warps=8)))
         out.append((te._silu_mul_kernel, dtype, dict(BLOCK=1024)))
+        if dtype == "bf16":  # MoE alignment (no activations): Mixtral's 8 experts, Qwen3-MoE's 128
+            for experts, block_m in ((8, 16), (8, 64), (128, 16), (128, 64)):
+                out.append((tm._align_kernel, dtype,
+                            dict(BLOCK_M=block_m, BLOCK_E=experts, CHUNK=min(64, max(16, 8192 // experts)))))
         if dtype == "bf16":  # quantized for an fp8 down_proj: 7B / 13B MLP widths, one program a row
             out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=te.wide_row_warps(16384))))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU

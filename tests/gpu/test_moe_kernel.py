@@ -54,6 +54,34 @@ def test_kernel_matches_reference_fixed_tiles(tokens: int, block_m: int) -> None
     torch.testing.assert_close(out.cpu(), _reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tokens, experts, top_k, block_m", [
+    (1, 8, 2, 16), (3, 5, 2, 4), (1, 128, 8, 16), (16, 128, 8, 16), (37, 60, 4, 32), (150, 8, 2, 64),
+    (300, 128, 8, 64)])
+def test_align_kernel_equals_the_torch_ops(tokens: int, experts: int, top_k: int, block_m: int) -> None:
+    """The one-program alignment (_align_kernel, every decode batch) gives align_torch's tensors:
+    the same stable order within each expert, padding, block experts and padded total. Chunks of
+    pairs cross (300 x 8 pairs in chunks of 64), experts are left without pairs, E is not a power
+    of two; the last case puts every pair on two experts."""
+    g = torch.Generator().manual_seed(tokens * 31 + experts)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    cases = [ids, ids % 2] if tokens == 300 else [ids]
+    for case in cases:
+        case = case.to(DEVICE)
+        got = triton_moe.align(case, experts, block_m)
+        want = triton_moe.align_torch(case, experts, block_m)
+        assert [t.dtype for t in got] == [torch.int32] * 3
+        for a, b, name in zip(got, want, ("sorted_ids", "block_expert", "num_padded")):
+            assert torch.equal(a.cpu(), b.cpu()), name
+
+
+def test_align_over_the_kernel_bound_takes_the_torch_ops(monkeypatch) -> None:
+    ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device=DEVICE)
+    monkeypatch.setattr(triton_moe, "_align_kernel", None)  # would fail if launched
+    monkeypatch.setattr(triton_moe, "ALIGN_KERNEL_MAX_PAIRS", ids.numel() - 1)
+    got = triton_moe.align(ids, num_experts=5, block_m=4)
+    assert all(torch.equal(a, b) for a, b in zip(got, triton_moe.align_torch(ids, 5, 4)))
+
+
 def test_align_pads_each_expert_to_whole_blocks() -> None:
     ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device=DEVICE)
     sorted_ids, block_expert, num_padded = triton_moe.align(ids, num_experts=5, block_m=4)

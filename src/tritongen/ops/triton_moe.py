@@ -3,7 +3,8 @@
 A step's T tokens each pick k experts: P = T*k (token, slot) pairs, pair p = t*k + j. `align`
 sorts the pairs by expert and pads every expert's run to a multiple of BLOCK_M, so each BLOCK_M-row
 block of the sorted order belongs to one expert (`block_expert`); padding rows hold the id P and
-read nothing. Two kernels then walk those blocks:
+read nothing. Up to ALIGN_KERNEL_MAX_PAIRS pairs (every decode step) that is one Triton program
+(_align_kernel) instead of some 28 small torch kernels (align_torch, the larger batches' path). Two kernels then walk those blocks:
   gate_up  h[p] = silu(x[t] @ W1[e].T) * (x[t] @ W3[e].T)  (both halves of w13 in one program,
            SiLU·mul in the epilogue), h [P, I];
   down     y[p] = topk_weight[p] * (h[p] @ W2[e].T), y [P, H];
@@ -31,15 +32,79 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
     return 64
 
 
+ALIGN_KERNEL_MAX_PAIRS = 8192
+"""Up to this many (token, expert) pairs `align` is one Triton program (_align_kernel): every
+decode step, graphs included. Larger (prefill) batches take the torch ops of align_torch."""
+
+
+def _padded_size(pairs: int, num_experts: int, block_m: int) -> int:
+    """The static length of sorted_ids: round_up(P + min(E, P) * (block_m - 1), block_m)."""
+    return -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+
+
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted_ids [S], block_expert [S / block_m], num_padded [1]) of the pairs sorted by expert,
-    each expert's run padded to a multiple of block_m with the id P; S is the static bound
-    round_up(P + min(E, P) * (block_m - 1), block_m)."""
+    """(sorted_ids [S], block_expert [S / block_m], num_padded [1]) of the pairs sorted by expert
+    (stably: pair order within an expert), each expert's run padded to a multiple of block_m with
+    the id P; S is the static bound _padded_size. One kernel up to ALIGN_KERNEL_MAX_PAIRS pairs,
+    else align_torch; both give the same tensors."""
+    if topk_ids.numel() > ALIGN_KERNEL_MAX_PAIRS:
+        return align_torch(topk_ids, num_experts, block_m)
+    flat = topk_ids.flatten().contiguous()
+    pairs = flat.numel()
+    size = _padded_size(pairs, num_experts, block_m)
+    sorted_ids = torch.empty(size, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=flat.device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=flat.device)
+    block_e = triton.next_power_of_2(num_experts)
+    _align_kernel[(1,)](flat, sorted_ids, block_expert, num_padded, pairs, num_experts, size,
+                        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=min(64, max(16, 8192 // block_e)))
+    return sorted_ids, block_expert, num_padded
+
+
+@triton.jit
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, E, S,
+                  BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):
+    """align in one program, CHUNK pairs at a time: count each expert's pairs, pad the counts to
+    BLOCK_M and prefix-sum them (each expert's run in sorted order), fill sorted_ids with P, then
+    place pair p at its expert's start + the pairs of that expert before it (an equality matrix
+    within the chunk, running counts across chunks), and name each block's expert."""
+    experts = tl.arange(0, BLOCK_E)
+    lane = tl.arange(0, CHUNK)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):
+        ids = tl.load(ids_ptr + p0 + lane, mask=p0 + lane < P, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    placed = ends - padded  # where each expert's next pair goes
+    for s0 in range(0, S, CHUNK):
+        tl.store(sorted_ptr + s0 + lane, tl.zeros([CHUNK], dtype=tl.int32) + P, mask=s0 + lane < S)
+    tl.debug_barrier()  # the fill lands before any pair's id (other threads may write the same slot)
+    for p0 in range(0, P, CHUNK):
+        p = p0 + lane
+        ids = tl.load(ids_ptr + p, mask=p < P, other=-1).to(tl.int32)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        before = tl.sum(((ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        tl.store(sorted_ptr + tl.sum(onehot * placed[None, :], axis=1) + before, p.to(tl.int32), mask=p < P)
+        placed += tl.sum(onehot, axis=0)
+    blocks = S // BLOCK_M
+    for b0 in range(0, blocks, CHUNK):
+        start = (b0 + lane) * BLOCK_M  # the first sorted position of each block: its expert is the
+        # number of expert runs that end at or before it (searchsorted right), at most E - 1
+        past = tl.sum(((ends[None, :] <= start[:, None]) & (experts[None, :] < E)).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b0 + lane, tl.minimum(past, E - 1), mask=b0 + lane < blocks)
+    tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+
+
+def align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """align in torch ops (about 20 small kernels): the oracle of _align_kernel and the path of
+    batches over ALIGN_KERNEL_MAX_PAIRS pairs."""
     flat = topk_ids.flatten()
     pairs = flat.numel()
     device = flat.device
-    size = -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    size = _padded_size(pairs, num_experts, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
