@@ -203,7 +203,8 @@ def _logits_one(ctx: SuiteContext, model: str) -> tuple[dict, list[Row]]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     top2 = ref.topk(2, dim=-1).values
     data = {"attention_backend": backend, "tokens": len(ids), "distinct_tokens": len(set(ids)),
-            "ref_mean_abs_logit": float(ref.abs().mean()), "ref_top2_gap_median": float((top2[:, 0] - top2[:, 1]).median())}
+            "ref_mean_abs_logit": float(ref.abs().mean()),
+            "ref_top2_gap_median": float((top2[:, 0] - top2[:, 1]).median())}
     for name, x in got.items():
         d = (x - ref).abs()
         data[name] = {"max_abs_err": float(d.max()), "mean_abs_err": float(d.mean()),

@@ -4,7 +4,8 @@ A step's T tokens each pick k experts: P = T*k (token, slot) pairs, pair p = t*k
 sorts the pairs by expert and pads every expert's run to a multiple of BLOCK_M, so each BLOCK_M-row
 block of the sorted order belongs to one expert (`block_expert`); padding rows hold the id P and
 read nothing. Up to ALIGN_KERNEL_MAX_PAIRS pairs (every decode step) that is one Triton program
-(_align_kernel) instead of some 28 small torch kernels (align_torch, the larger batches' path). Two kernels then walk those blocks:
+(_align_kernel) instead of some 28 small torch kernels (align_torch, the larger batches' path).
+Two kernels then walk those blocks:
   gate_up  h[p] = silu(x[t] @ W1[e].T) * (x[t] @ W3[e].T)  (both halves of w13 in one program,
            SiLU·mul in the epilogue), h [P, I];
   down     y[p] = topk_weight[p] * (h[p] @ W2[e].T), y [P, H];
@@ -99,7 +100,7 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, E, S
 
 def align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """align in torch ops (about 20 small kernels): the oracle of _align_kernel and the path of
+    """align in torch ops (some 28 small kernels): the oracle of _align_kernel and the path of
     batches over ALIGN_KERNEL_MAX_PAIRS pairs."""
     flat = topk_ids.flatten()
     pairs = flat.numel()
