@@ -42,7 +42,7 @@ INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
          "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}, "_fp8_tokens_gemm": {"M", "N", "K", "K_PER_SPLIT"},
-         "_align_kernel": {"P", "E", "S"}}
+         "_align_kernel": {"P", "E", "S"}, "_select_experts_kernel": {"E"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
@@ -51,7 +51,8 @@ POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_silu_mul_fp8_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
                  "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
                  "_align_kernel": {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-                                   "num_padded_ptr": "*i32"}}
+                                   "num_padded_ptr": "*i32"},
+                 "_select_experts_kernel": {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
                       "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
@@ -157,6 +158,9 @@ def configs() -> list[tuple]:
             for experts, block_m in ((8, 16), (8, 64), (128, 16), (128, 64)):
                 out.append((tm._align_kernel, dtype,
                             dict(BLOCK_M=block_m, BLOCK_E=experts, CHUNK=min(64, max(16, 8192 // experts)))))
+            for experts, top_k, renormalize in ((8, 2, True), (128, 8, True), (128, 8, False)):  # the routing
+                out.append((tm._select_experts_kernel, dtype,
+                            dict(TOP_K=top_k, BLOCK_E=experts, RENORMALIZE=renormalize)))
         if dtype == "bf16":  # quantized for an fp8 down_proj: 7B / 13B MLP widths, one program a row
             out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=te.wide_row_warps(16384))))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU

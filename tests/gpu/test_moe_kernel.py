@@ -74,6 +74,24 @@ def test_align_kernel_equals_the_torch_ops(tokens: int, experts: int, top_k: int
             assert torch.equal(a.cpu(), b.cpu()), name
 
 
+@pytest.mark.parametrize("tokens, experts, top_k, renormalize, dtype", [
+    (1, 8, 2, True, torch.bfloat16), (5, 128, 8, False, torch.float32), (33, 60, 4, True, torch.float32),
+    (16, 128, 8, True, torch.bfloat16)])
+def test_routing_kernel_matches_the_torch_routing(tokens, experts, top_k, renormalize, dtype) -> None:
+    """The one-launch routing (softmax in float32, top k by repeated arg-max, renormalized where
+    asked) picks the experts torch.topk picks, largest first, with their weights to float32
+    rounding; E not a power of two is masked."""
+    g = torch.Generator().manual_seed(tokens * 7 + experts)
+    logits = torch.randn(tokens, experts, generator=g).to(dtype=dtype, device=DEVICE)
+    weights, ids = triton_moe.select_experts(logits, top_k, renormalize)
+    want_w, want_ids = moe.select_experts_ref(logits, top_k, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int64 and ids.shape == (tokens, top_k)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), rtol=1e-6, atol=1e-7)
+    if renormalize:
+        torch.testing.assert_close(weights.sum(-1).cpu(), torch.ones(tokens), rtol=1e-6, atol=1e-6)
+
+
 def test_align_over_the_kernel_bound_takes_the_torch_ops(monkeypatch) -> None:
     ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device=DEVICE)
     monkeypatch.setattr(triton_moe, "_align_kernel", None)  # would fail if launched

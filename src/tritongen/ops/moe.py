@@ -1,7 +1,8 @@
 """Mixture-of-Experts ops: top-k routing and the routed experts' gated MLPs.
 
 `select_experts` is one formula everywhere (softmax in float32 over the router logits, the top k,
-renormalized to sum 1 where the config says so: always for Mixtral, Qwen3-MoE's norm_topk_prob).
+renormalized to sum 1 where the config says so: always for Mixtral, Qwen3-MoE's norm_topk_prob), one
+Triton kernel on CUDA.
 `fused_experts` runs on CUDA as the Triton grouped GEMM of ops/triton_moe.py (no Python loop over
 experts, CUDA-graph safe); elsewhere as `fused_experts_ref`, the test oracle, which loops over the
 experts that received tokens like HF transformers' eager experts.
@@ -17,7 +18,18 @@ import torch.nn.functional as F
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights float32 [T, k], expert ids int64 [T, k]) of each token's top-k experts."""
+    """(weights float32 [T, k], expert ids int64 [T, k]) of each token's top-k experts, the largest
+    first: one Triton kernel on CUDA (ops/triton_moe.py), select_experts_ref elsewhere."""
+    if router_logits.is_cuda:
+        from tritongen.ops import triton_moe
+
+        return triton_moe.select_experts(router_logits, top_k, renormalize)
+    return select_experts_ref(router_logits, top_k, renormalize)
+
+
+def select_experts_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing in torch ops (softmax, topk, renormalization): the kernel's oracle."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

@@ -33,6 +33,45 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
     return 64
 
 
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.moe.select_experts in one launch (a program per token) instead of five torch kernels:
+    softmax in float32 over the row, the top k by repeated arg-max (the lowest expert on a tie),
+    renormalized to sum 1 where asked. (weights float32 [T, k], expert ids int64 [T, k])."""
+    logits = router_logits.reshape(-1, router_logits.shape[-1])
+    tokens, experts = logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
+    if tokens:
+        _select_experts_kernel[(tokens,)](logits, weights, ids, experts, logits.stride(0), TOP_K=top_k,
+                                          BLOCK_E=triton.next_power_of_2(experts), RENORMALIZE=renormalize)
+    return weights, ids
+
+
+@triton.jit
+def _select_experts_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr,
+                           BLOCK_E: tl.constexpr, RENORMALIZE: tl.constexpr):
+    t = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    ok = experts < E
+    x = tl.load(logits_ptr + t * stride_t + experts, mask=ok, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    probs = tl.where(ok, e / tl.sum(e, axis=0), -1.0)  # -1: below every probability, never picked
+    slots = tl.arange(0, TOP_K)
+    top_w = tl.zeros([TOP_K], dtype=tl.float32)
+    top_i = tl.zeros([TOP_K], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(probs, axis=0)
+        pick = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)  # the lowest expert of a tie
+        top_w = tl.where(slots == j, best, top_w)
+        top_i = tl.where(slots == j, pick, top_i)
+        probs = tl.where(experts == pick, -1.0, probs)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    tl.store(weights_ptr + t * TOP_K + slots, top_w)
+    tl.store(ids_ptr + t * TOP_K + slots, top_i.to(tl.int64))
+
+
 ALIGN_KERNEL_MAX_PAIRS = 8192
 """Up to this many (token, expert) pairs `align` is one Triton program (_align_kernel): every
 decode step, graphs included. Larger (prefill) batches take the torch ops of align_torch."""
