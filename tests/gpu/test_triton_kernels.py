@@ -192,6 +192,27 @@ def test_layer_norm_kernels_match_reference(dtype, T, hidden):
     torch.testing.assert_close(te.layer_norm(strided, w, b, 1e-5), reference.layer_norm(x, w, b, 1e-5), **tol)
 
 
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("T, hidden", [(3, 576), (2, 1000), (2, 3584)])
+def test_norm_add_norm_kernel_is_the_two_kernels_it_replaces(T, hidden, offset):
+    """Gemma's sandwich norm, residual add and the next norm in one kernel give, bit for bit, the
+    RMSNorm kernel's output fed to the add + RMSNorm kernel (the same arithmetic and roundings),
+    and the reference's within float32 reduction order; offset 1 is Gemma's (1 + w)."""
+    from tritongen.ops import triton_elementwise as te
+
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    g = torch.Generator().manual_seed(T * hidden)
+    x, residual = (torch.randn(T, hidden, generator=g).to(DEVICE, dtype) for _ in range(2))
+    w1, w2 = ((0.1 * torch.randn(hidden, generator=g)).to(DEVICE, dtype) for _ in range(2))
+    y, s = te.norm_add_rms_norm(x, residual, w1, w2, 1e-6, offset)
+    want_y, want_s = te.add_rms_norm(te.rms_norm(x, w1, 1e-6, offset), residual, w2, 1e-6, offset)
+    assert torch.equal(s, want_s) and torch.equal(y, want_y)
+    ref_y, ref_s = reference.norm_add_rms_norm(x, residual, w1, w2, 1e-6, offset)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(s, ref_s, **tol)
+    torch.testing.assert_close(y, ref_y, **tol)
+
+
 @pytest.mark.parametrize("T, hidden", [(3, 576), (2, 1000), (2, 4096)])
 def test_layer_norm_kernel_rounds_bf16_once_like_the_reference(T, hidden):
     """The reference's bf16 LayerNorm equals its float32 one rounded once (mean, variance, weight and

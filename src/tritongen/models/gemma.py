@@ -2,7 +2,11 @@
 
 Llama's projections and parameter names, with Gemma's differences read from the arch:
 - every RMSNorm scales by (1 + weight) in float32 (arch.norm_weight_offset), and each block has
-  four: input, post-attention, pre- and post-feedforward (sandwich norms, arch.sandwich_norm);
+  four: input, post-attention, pre- and post-feedforward (sandwich norms, arch.sandwich_norm). A
+  sandwich norm, the residual add after it and the norm after that are one kernel
+  (RMSNorm.forward_add_norm): post-attention + pre-feed-forward, and post-feed-forward + the next
+  block's input norm (the model's final norm after the last block), so blocks hand each other the
+  normed stream and the stream;
 - GeGLU MLP (gelu_pytorch_tanh), embeddings times sqrt(hidden) rounded to the model dtype;
 - attention scale query_pre_attn_scalar ** -0.5, Gemma 2's attention-logit and final-logit
   softcapping (tanh), tied lm_head;
@@ -34,11 +38,15 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(h, eps, offset)
         self.post_feedforward_layernorm = RMSNorm(h, eps, offset)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, attn)
-        h, x = self.pre_feedforward_layernorm.add_forward(self.post_attention_layernorm(h), x)
-        return x + self.post_feedforward_layernorm(self.mlp(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata, next_norm: RMSNorm
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the residual stream through this block's input norm. Returns the stream after the block
+        through `next_norm` (the next block's input norm, or the model's final norm) and the stream;
+        each sandwich norm, its residual add and the norm after it are one kernel."""
+        out = self.self_attn(h, cos, sin, kv_cache, attn)
+        h, residual = self.post_attention_layernorm.forward_add_norm(out, residual, self.pre_feedforward_layernorm)
+        return self.post_feedforward_layernorm.forward_add_norm(self.mlp(h), residual, next_norm)
 
 
 class GemmaModel(nn.Module):
@@ -65,10 +73,12 @@ class GemmaModel(nn.Module):
         x = x * float(torch.tensor(self.embedding_multiplier, dtype=x.dtype))  # a host scalar: graph-safe
         full = self.rotary_emb(positions)
         local = full if self.rotary_emb_local is None else self.rotary_emb_local(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        h = self.layers[0].input_layernorm(x)
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms, strict=True):
             cos, sin = local if layer.is_sliding else full
-            x = layer(x, cos, sin, kv_cache, attn)
-        return self.norm(x)
+            h, x = layer(h, x, cos, sin, kv_cache, attn, next_norm)
+        return h
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

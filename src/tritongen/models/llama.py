@@ -47,6 +47,13 @@ class RMSNorm(nn.Module):
             return kernels.add_rms_norm_fp8(x, residual, self.weight, self.eps, self.offset)
         return kernels.add_rms_norm(x, residual, self.weight, self.eps, self.offset)
 
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, after: "RMSNorm"
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(after(self(x) + residual), self(x) + residual) in one kernel: a sandwich norm (Gemma) whose
+        output joins the residual stream right before the next norm. Both norms take this one's eps
+        and offset (a model's norms share them)."""
+        return kernels.norm_add_rms_norm(x, residual, self.weight, after.weight, self.eps, self.offset)
+
 
 class RotaryEmbedding(nn.Module):
     """cos/sin for arbitrary positions, computed on the fly from a float32 inv_freq buffer.

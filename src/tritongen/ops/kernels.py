@@ -104,6 +104,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return _impl(x).add_rms_norm(x, residual, weight, eps, offset)
 
 
+def norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                      eps: float, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(s, next_weight), s), s = rms_norm(x, weight) + residual: one kernel on CUDA."""
+    return _impl(x).norm_add_rms_norm(x, residual, weight, next_weight, eps, offset)
+
+
 def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> Fp8Tokens:
     """rms_norm's output quantized per token for an fp8 projection that takes it so (Fp8Linear.takes_tokens):
     quantize_tokens(rms_norm(x)), one kernel on CUDA."""

@@ -36,6 +36,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return rms_norm(s, weight, eps, offset), s
 
 
+def norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                      eps: float, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sandwich norm's output added to the residual stream, then the next norm (Gemma):
+    s = rms_norm(x, weight) + residual; (rms_norm(s, next_weight), s)."""
+    return add_rms_norm(rms_norm(x, weight, eps, offset), residual, next_weight, eps, offset)
+
+
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The SwiGLU activation of Llama's MLP: silu(gate) * up."""
     return F.silu(gate) * up
