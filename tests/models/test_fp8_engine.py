@@ -96,3 +96,19 @@ def test_quantization_at_load_equals_the_written_per_channel_checkpoint(bf16_dir
 def test_unknown_quantization_is_refused_by_name(bf16_dir, default_model_dir):
     with pytest.raises(ValueError, match="quantization must be one of \\['fp8'\\]"):
         LLM(str(bf16_dir), tokenizer=default_model_dir, quantization="int3", **ENGINE)
+
+
+@pytest.mark.parametrize("preset, producers", [
+    ("tiny-llama", ("rms_norm", "rms_norm", "silu_mul")),
+    ("tiny-gemma2", (None, None, None)),  # its sandwich norms never hand quantized tokens; GeGLU neither
+])
+def test_fp8_producers_are_marked_only_where_the_model_hands_tokens(preset, producers):
+    """select_configs times a layer after its producer (Fp8Linear.producer) only where the step
+    really runs that producer's quantizing kernel before it: Llama's blocks, not Gemma's."""
+    llm = LLM(f"dummy:{preset}", dtype="float32", device="cpu", quantization="fp8")
+    model = llm.engine.runner.model
+    model.fuse_projections()  # what the CUDA runner does at load
+    for layer in model.model.layers:
+        got = (layer.self_attn.qkv_proj.producer, layer.mlp.gate_up_proj.producer, layer.mlp.down_proj.producer)
+        assert all(isinstance(m, Fp8Linear) for m in (layer.self_attn.qkv_proj, layer.mlp.down_proj))
+        assert got == producers

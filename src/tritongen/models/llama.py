@@ -245,14 +245,17 @@ class LlamaForCausalLM(nn.Module):
         """
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            hands = isinstance(layer, LlamaDecoderLayer)  # its norms hand fp8 projections tokens (Gemma's do not)
             attn.qkv_proj = _stack(attn.q_proj, attn.k_proj, attn.v_proj)
             del attn.q_proj, attn.k_proj, attn.v_proj
-            _mark_norm_fed(attn.qkv_proj, layer.input_layernorm)
+            if hands:
+                _mark_norm_fed(attn.qkv_proj, layer.input_layernorm)
             if not isinstance(mlp, LlamaMLP):  # an MoE block (models/moe.py) keeps its experts stacked
                 continue
             mlp.gate_up_proj = _stack(mlp.gate_proj, mlp.up_proj)
             del mlp.gate_proj, mlp.up_proj
-            _mark_norm_fed(mlp.gate_up_proj, layer.post_attention_layernorm)
+            if hands:
+                _mark_norm_fed(mlp.gate_up_proj, layer.post_attention_layernorm)
             if mlp.act in ("silu", "swish") and isinstance(mlp.gate_up_proj, Fp8Linear) and \
                     isinstance(mlp.down_proj, Fp8Linear):
                 mlp.down_proj.producer = "silu_mul"  # SiLU·mul's kernel can quantize its input
