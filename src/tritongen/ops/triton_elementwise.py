@@ -66,8 +66,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     y = torch.empty_like(x2)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, y, None, None, x2.stride(0), y.stride(0), x2.shape[1], eps,
-                                         offset, BLOCK=_block(x2), OFFSET=bool(offset), QUANT=False,
-                                         num_warps=wide_row_warps(_block(x2)))
+                                         offset, OFFSET=bool(offset), QUANT=False, **_row_launch(x2))
     return y.view(x.shape)
 
 
@@ -83,8 +82,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     q, qs = _fp8_rows(x2)
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, x2, q, qs, x2.stride(0), 0, x2.shape[1], eps, offset,
-                                         BLOCK=_block(x2), OFFSET=bool(offset), QUANT=True,
-                                         num_warps=wide_row_warps(_block(x2)))
+                                         OFFSET=bool(offset), QUANT=True, **_row_launch(x2))
     return q, qs
 
 
@@ -98,9 +96,11 @@ def _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok):
     return s.to(tl.float32)
 
 
-def _block(x2: torch.Tensor) -> int:
-    """The power of two that holds a row of x2."""
-    return triton.next_power_of_2(x2.shape[1])
+def _row_launch(x2: torch.Tensor) -> dict:
+    """BLOCK (the power of two that holds a row of x2) and num_warps (wide_row_warps) of a
+    one-program-per-row kernel over x2."""
+    block = triton.next_power_of_2(x2.shape[1])
+    return {"BLOCK": block, "num_warps": wide_row_warps(block)}
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -133,8 +133,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     s = torch.empty_like(y)
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, y, s, None, None, x2.stride(0), r2.stride(0),
-                                             x2.shape[1], eps, offset, BLOCK=_block(x2), OFFSET=bool(offset),
-                                             QUANT=False, num_warps=wide_row_warps(_block(x2)))
+                                             x2.shape[1], eps, offset, OFFSET=bool(offset), QUANT=False,
+                                             **_row_launch(x2))
     return y.view(x.shape), s.view(x.shape)
 
 
@@ -166,8 +166,7 @@ def norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     s = torch.empty_like(y)
     if x2.shape[0]:
         _norm_add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, next_weight, y, s, x2.stride(0), r2.stride(0),
-                                                  x2.shape[1], eps, offset, BLOCK=_block(x2), OFFSET=bool(offset),
-                                                  num_warps=wide_row_warps(_block(x2)))
+                                                  x2.shape[1], eps, offset, OFFSET=bool(offset), **_row_launch(x2))
     return y.view(x.shape), s.view(x.shape)
 
 
@@ -179,8 +178,7 @@ def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
     q, qs = _fp8_rows(x2)
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, s, s, q, qs, x2.stride(0), r2.stride(0), x2.shape[1],
-                                             eps, offset, BLOCK=_block(x2), OFFSET=bool(offset), QUANT=True,
-                                             num_warps=wide_row_warps(_block(x2)))
+                                             eps, offset, OFFSET=bool(offset), QUANT=True, **_row_launch(x2))
     return (q, qs), s.view(x.shape)
 
 
@@ -320,9 +318,8 @@ def silu_and_mul_fp8(gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor
     g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
     q, qs = _fp8_rows(g2)
     if g2.shape[0]:
-        block = triton.next_power_of_2(g2.shape[1])
         _silu_mul_fp8_kernel[(g2.shape[0],)](g2, u2, q, qs, g2, g2.stride(0), u2.stride(0), g2.shape[1],
-                                             BLOCK=block, num_warps=wide_row_warps(block))
+                                             **_row_launch(g2))
     return q, qs
 
 
