@@ -255,7 +255,7 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
             "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
             "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),
-            "engine_waiting": s.get("engine_waiting"), "sender_threads": None if kind == "openai" else sender_threads(args),
+            "engine_waiting": s.get("engine_waiting"), "sender_threads": sender_threads(args) if kind.startswith("triton-") else None,
             "error": error or s.get("first_error")}
 
 

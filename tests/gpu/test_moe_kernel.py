@@ -79,14 +79,22 @@ def test_align_kernel_equals_the_torch_ops(tokens: int, experts: int, top_k: int
     (16, 128, 8, True, torch.bfloat16)])
 def test_routing_kernel_matches_the_torch_routing(tokens, experts, top_k, renormalize, dtype) -> None:
     """The one-launch routing (softmax in float32, top k by repeated arg-max, renormalized where
-    asked) picks the experts torch.topk picks, largest first, with their weights to float32
-    rounding; E not a power of two is masked."""
+    asked) picks experts of the probabilities torch.topk picks, largest first, with their weights
+    to float32 rounding; E not a power of two is masked. bf16 logits tie (128 experts of 8-bit
+    mantissas): between tied experts either is right, so ids are compared by their probability
+    and must be distinct, and equal wherever the probability has no tie."""
     g = torch.Generator().manual_seed(tokens * 7 + experts)
     logits = torch.randn(tokens, experts, generator=g).to(dtype=dtype, device=DEVICE)
     weights, ids = triton_moe.select_experts(logits, top_k, renormalize)
     want_w, want_ids = moe.select_experts_ref(logits, top_k, renormalize)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int64 and ids.shape == (tokens, top_k)
-    assert torch.equal(ids.cpu(), want_ids.cpu())
+    probs = torch.softmax(logits.float(), dim=-1).cpu()
+    ids, want_ids = ids.cpu(), want_ids.cpu()
+    assert torch.equal(probs.gather(1, ids), probs.gather(1, want_ids))
+    assert all(len(set(row.tolist())) == top_k for row in ids)
+    picked = probs.gather(1, want_ids)
+    untied = (probs.unsqueeze(1) == picked.unsqueeze(2)).sum(-1) == 1
+    assert torch.equal(ids[untied], want_ids[untied])
     torch.testing.assert_close(weights.cpu(), want_w.cpu(), rtol=1e-6, atol=1e-7)
     if renormalize:
         torch.testing.assert_close(weights.sum(-1).cpu(), torch.ones(tokens), rtol=1e-6, atol=1e-6)
