@@ -197,7 +197,8 @@ def test_layer_norm_kernels_match_reference(dtype, T, hidden):
 def test_norm_add_norm_kernel_is_the_two_kernels_it_replaces(T, hidden, offset):
     """Gemma's sandwich norm, residual add and the next norm in one kernel give, bit for bit, the
     RMSNorm kernel's output fed to the add + RMSNorm kernel (the same arithmetic and roundings),
-    and the reference's within float32 reduction order; offset 1 is Gemma's (1 + w)."""
+    and the reference's within float32 reduction order; offset 1 is Gemma's (1 + w), the fused
+    kernel's case (offset 0 runs the two kernels)."""
     from tritongen.ops import triton_elementwise as te
 
     dtype = torch.float32 if INTERPRET else torch.bfloat16
@@ -206,7 +207,7 @@ def test_norm_add_norm_kernel_is_the_two_kernels_it_replaces(T, hidden, offset):
     w1, w2 = ((0.1 * torch.randn(hidden, generator=g)).to(DEVICE, dtype) for _ in range(2))
     y, s = te.norm_add_rms_norm(x, residual, w1, w2, 1e-6, offset)
     want_y, want_s = te.add_rms_norm(te.rms_norm(x, w1, 1e-6, offset), residual, w2, 1e-6, offset)
-    assert torch.equal(s, want_s) and torch.equal(y, want_y)
+    assert torch.equal(s, want_s) and torch.equal(y, want_y), f"{int((s != want_s).sum())} sums differ"
     ref_y, ref_s = reference.norm_add_rms_norm(x, residual, w1, w2, 1e-6, offset)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype is torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(s, ref_s, **tol)
