@@ -176,3 +176,30 @@ def test_peer_suite_offline_fractions_use_each_sides_batch_limit() -> None:
     assert peer < ours  # 299 decode steps instead of 1168: fewer weight reads
     assert row.fraction == ours / 50.0 and f"peer fraction {peer / 40.0:.3g}" in row.note
     assert state["offline_floors"]["peer"] == {"max_batch": 1024, "floor_s": peer}
+
+
+def test_peer_suite_keeps_the_workers_ceilings_for_the_floors(tmp_path: Path, monkeypatch) -> None:
+    """The copy bandwidth and GEMM rate a worker measured on its GPU go into the state, so the
+    table's floors are this GPU's (an H100's), not DESIGN.md's H200 ones."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from tritongen.bench import roofline
+    from tritongen.models.arch import ModelArch
+    from tritongen.models.presets import PRESETS
+
+    ceilings = {"bandwidth": 3.0e12, "flops": 8.0e14}
+    result = {"config": {"max_num_seqs": 256}, "env": {}, "start_s": 1.0, "ceilings": ceilings,
+              "offline": {"rps": 20.0, "output_tok_s": 4000.0, "elapsed_time": 50.0}}
+    monkeypatch.setattr(peer_suite, "run_worker", lambda side, plan, log_dir, timeout: result)
+    args = peer_suite.parse_args(["--peer", "none", "--dtype", "bfloat16", "--workloads", "offline"])
+    state = {"runs": {}}
+    peer_suite.run_side("tritongen", {}, "", {}, args, None, [], [], tmp_path, state, tmp_path / "state.json")
+    assert state["runs"]["tritongen"]["ceilings"] == ceilings
+    arch = ModelArch.from_hf_config(PRESETS["llama-2-7b"])
+    pairs = [(200, 300)] * 1000
+    rows = {r.name: r for r in peer_suite.rows(state, "none", arch, args, pairs)}
+    want = roofline.dataset_floor(arch, "bfloat16", pairs, 256, roofline.Hardware(**ceilings))["floor_s"]
+    assert state["hardware"] == ceilings and rows[f"offline {args.dataset}-{args.num_prompts} rps"].fraction == want / 50
