@@ -50,26 +50,18 @@ def test_unsupported_block_sizes_are_refused_by_name():
         fp8_linear(torch.randn(1, 40, device=DEVICE), q, s, Fp8Scales("block", (20, 20)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("scales", [Fp8Scales("channel"), Fp8Scales("block", (128, 128))], ids=lambda s: s.kind)
-def test_every_candidate_tiling_matches_the_reference(scales, dtype):
-    """Every weight-only tiling, the deep pipelines (num_stages 4-5, which 4-byte activations cap
-    at 2) with the bf16 activations they run on included."""
+def test_every_candidate_tiling_matches_the_reference(scales):
     from tritongen.ops.triton_fp8 import candidates
 
-    if INTERPRET and dtype == torch.bfloat16:
-        pytest.skip("the interpreter's bf16 tl.dot is not the GPU's (the CPU runs float32 activations)")
     torch.manual_seed(3)
-    q, s = quantize_weight(torch.randn(80, 1024, device=DEVICE), scales)
-    x = torch.randn(3, 1024, device=DEVICE).to(dtype)
-    want = fp8_linear_ref(x.float(), q, s, scales, dynamic=False)
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-2, atol=2e-2)
+    q, s = quantize_weight(torch.randn(80, 512, device=DEVICE), scales)
+    x = torch.randn(3, 512, device=DEVICE)
+    want = fp8_linear_ref(x, q, s, scales, dynamic=False)
     configs = [c for c in candidates(scales) if not c.get("QUANT")]
     assert len(configs) >= 6 and all(128 % c["BLOCK_K"] == 0 for c in configs if scales.kind == "block")
-    assert any(c.get("num_stages", 3) > 3 for c in configs)
     for cfg in configs:
-        got = fp8_linear(x, q, s, scales, config=cfg)
-        torch.testing.assert_close(got.float(), want, **tol, msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+        torch.testing.assert_close(fp8_linear(x, q, s, scales, config=cfg), want, rtol=1e-4, atol=1e-4)
     assert any(c.get("QUANT") for c in candidates(scales)) == (scales.kind != "block")
 
 
@@ -113,32 +105,12 @@ def test_split_k_reduces_in_a_fixed_order_and_leaves_the_counters_at_zero():
 def test_candidates_leave_out_splits_with_no_k_to_cover():
     from tritongen.ops.triton_fp8 import CONFIGS, candidates
 
-    assert len(CONFIGS) == 27 and {c["SPLIT_K"] for c in CONFIGS} == {1, 2, 4, 8}
+    assert len(CONFIGS) == 18 and {c["SPLIT_K"] for c in CONFIGS} == {1, 2, 4, 8}
     # K = 256 in 128-deep steps is two steps: 4 or 8 splits would leave splits empty
     assert {c["SPLIT_K"] for c in candidates(Fp8Scales("channel"), 256)} == {1, 2}
     assert {c["SPLIT_K"] for c in candidates(Fp8Scales("channel"), 4096)} == {1, 2, 4, 8}
     assert all(128 % c["BLOCK_K"] == 0 and 128 % c["BLOCK_N"] == 0
                for c in candidates(Fp8Scales("block", (128, 128)), 4096))
-
-
-def test_a_candidate_the_gpu_cannot_launch_is_never_chosen(monkeypatch):
-    """A deep pipeline that needs more shared memory than the GPU has (Ada's 99 KB) times as
-    infinite; any other error still stops the load."""
-    import triton
-
-    from tritongen.ops import triton_fp8, triton_gemv
-
-    def fake(fn, layers):
-        return fn()
-
-    def too_big():
-        raise triton.runtime.errors.OutOfResources(196608, 101376, "shared memory")
-
-    monkeypatch.setattr(triton_gemv, "graph_time_us", fake)
-    assert triton_fp8._time_or_inf(too_big, []) == float("inf")
-    assert triton_fp8._time_or_inf(lambda: 7.5, []) == 7.5
-    with pytest.raises(ZeroDivisionError):
-        triton_fp8._time_or_inf(lambda: 1 / 0, [])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")

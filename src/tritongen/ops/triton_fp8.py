@@ -135,24 +135,17 @@ def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, str
 
 CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "SPLIT_K": 1}
                 for bn in (16, 32, 64) for bk in (128, 256) for w in (2, 4)) + \
-    tuple({"BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": sk} for bn in (32, 64) for sk in (2, 4, 8)) + \
-    tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "SPLIT_K": sk, "num_stages": st}
-          for bn, bk, st, sk in ((32, 256, 5, 1), (64, 256, 5, 1), (32, 512, 4, 1), (64, 512, 3, 1),
-                                 (64, 256, 5, 2), (32, 256, 5, 4), (64, 256, 5, 4),
-                                 (64, 128, 6, 1), (32, 128, 6, 4)))  # 128 deep: block scales too
+    tuple({"BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "SPLIT_K": sk} for bn in (32, 64) for sk in (2, 4, 8))
 """Tile candidates of the decode-sized product; select_configs times them per layer shape. The
 single-pass tilings, then split-K ones (2/4/8 programs per N tile over slices of K, for shapes with
-few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs), then deeper
-pipelines (num_stages, else Triton's 3): a [64, 128] fp8 tile is 8 KB, so three stages keep a
-quarter of the bytes in flight that the bf16 skinny kernel's [64, 256] x 5 stages do. 27
-candidates, so the load-time selection compiles up to 27 variants per scale layout and dtype and
-times 27 x 3 row buckets CUDA graphs per distinct layer shape (a few ms each); one that does not fit
-the GPU's shared memory (Ada's 99 KB) is left out there."""
+few N tiles: o_proj 4096 x 4096 in 64-column tiles is 64 programs on 132 SMs). 18 candidates, so
+the load-time selection compiles up to 18 variants per scale layout and dtype and times
+18 x 3 row buckets CUDA graphs per distinct layer shape (a few ms each)."""
 TOKEN_CONFIGS = tuple({"BLOCK_N": 64, "BLOCK_K": bk, "num_warps": 4, "SPLIT_K": sk, "QUANT": True}
                       for bk in (128, 256) for sk in (1, 2))
 """Candidates of the quantized-token kernel (per-channel and per-tensor scales): 64 weight rows a
 tile (one warpgroup's wgmma M side) and the probe's winning K steps; with CONFIGS, select_configs
-times 31 candidates per shape and row bucket."""
+times 22 candidates per shape and row bucket."""
 ROW_BUCKETS = (1, 8, 16)
 
 
@@ -195,13 +188,6 @@ def _blocks(scales: Fp8Scales, m: int, config: Optional[dict]) -> tuple[int, int
     return block_m, block_n, block_k, 4, 1
 
 
-def _stages(config: Optional[dict], x: torch.Tensor) -> int:
-    """The config's pipeline stages (Triton's 3 without one); at most 2 with 4-byte activations,
-    whose x tiles are twice the shared memory of bf16 ones."""
-    stages = (config or {}).get("num_stages", 3)
-    return min(stages, 2) if x.element_size() >= 4 else stages
-
-
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
                bias: Optional[torch.Tensor] = None, config: Optional[dict] = None) -> torch.Tensor:
     """FP8 product on the Triton kernels; same result as ops.fp8.fp8_linear_ref(x, q, scale, scales,
@@ -232,7 +218,7 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
         x2.stride(0), q.stride(0), y.stride(0), s.stride(0) if s.dim() == 2 else 0,
         SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-        num_warps=warps, num_stages=_stages(config, x2))
+        num_warps=warps)
     return y.reshape(*shape[:-1], n)
 
 
@@ -298,17 +284,6 @@ def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, producer: Opti
     return lambda layer: fp8_linear(plain(), layer.weight, layer.weight_scale, scales, layer.bias, config)
 
 
-def _time_or_inf(fn: Callable, layers: list) -> float:
-    """graph_time_us of one candidate; infinite for one that needs more shared memory than this GPU
-    has (the deep pipelines on Ada), so it is never chosen."""
-    from tritongen.ops.triton_gemv import graph_time_us
-
-    try:
-        return graph_time_us(fn, layers)
-    except triton.runtime.errors.OutOfResources:
-        return float("inf")
-
-
 @torch.inference_mode()
 def select_configs(layers: list, dtype: torch.dtype,
                    agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, dict]:
@@ -323,6 +298,8 @@ def select_configs(layers: list, dtype: torch.dtype,
     at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel ranks pass
     the mean over the ranks, so that every rank runs the same kernels).
     Returns {(N, K, kind, producer, rows): (config, microseconds)}."""
+    from tritongen.ops.triton_gemv import graph_time_us
+
     groups: dict[tuple, list] = {}
     for layer in layers:
         groups.setdefault((*layer.weight.shape, layer.scales, layer.producer), []).append(layer)
@@ -333,7 +310,7 @@ def select_configs(layers: list, dtype: torch.dtype,
     times = []
     for n, k, scales, group, rows, configs in cases:
         x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-        times += [_time_or_inf(_timed_call(x, scales, cfg, group[0].producer), group) for cfg in configs]
+        times += [graph_time_us(_timed_call(x, scales, cfg, group[0].producer), group) for cfg in configs]
     if agree is not None:
         times = agree(times)
     made, at = {}, 0
