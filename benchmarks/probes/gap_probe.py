@@ -1,10 +1,12 @@
-"""Where a batch-1 decode step's device time goes between kernels: for each engine loop
+"""Where a decode step's device time goes between kernels (batch 1 by default; `--batch N` runs N
+sequences of `--prompt-len` tokens, all past their prefill when measured): for each engine loop
 (asynchronous scheduling, pipelined, sequential) profile decode steps and split the idle time of
 the GPU stream into small gaps (inside a CUDA graph) and large ones (the device waiting for the
 host), list the kernels by device time per step; also replay the batch-1 graph alone back to back (no
 host work at all).
 
     PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/probes/gap_probe.py --model dummy:llama-2-7b
+    ... --batch 128 --prompt-len 512 --modes async     # the decode steps of serving at concurrency 128
 """
 from __future__ import annotations
 
@@ -26,18 +28,24 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu only checks the script (tiny model, nothing to see)")
     ap.add_argument("--quantization", default=None, help="e.g. fp8")
     ap.add_argument("--modes", default="async,pipelined,sequential", help="engine loops to profile, comma list")
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoding together")
+    ap.add_argument("--prompt-len", type=int, default=128)
     args = ap.parse_args()
     if args.device == "cpu":
         torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
     llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device,
-              quantization=args.quantization)
+              quantization=args.quantization, max_num_seqs=max(256, args.batch))
     eng = llm.engine
     modes = {"async": (True, True), "pipelined": (True, False), "sequential": (False, False)}
     for name in args.modes.split(","):
         pipelined, async_ = modes[name]
         eng.pipelined, eng.async_scheduling = pipelined, async_
-        eng.add_request(name, list(range(100, 228)), fixed_length_params(4 * args.steps + 40))
-        for _ in range(10):
+        warm = 10 + -(-args.batch * args.prompt_len // 512)  # every prompt's prefill, in chunks of >= 512
+        names = [f"{name}-{i}" for i in range(args.batch)]
+        for i, rid in enumerate(names):
+            eng.add_request(rid, [100 + (i + j) % 1000 for j in range(args.prompt_len)],
+                            fixed_length_params(4 * args.steps + 30 + warm))
+        for _ in range(warm):
             eng.step()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -52,7 +60,8 @@ def main() -> None:
         spans = kernel_spans(prof)
         g = device_gaps(spans, args.steps)
         breakdown = host_breakdown(eng, args.steps)
-        eng.abort(name)
+        for rid in names:
+            eng.abort(rid)
         while eng.has_unfinished():
             eng.step()
         print(f"{name:10s} wall {wall:.3f} ms/step | kernels {g['kernels_per_step']:.0f}/step busy {g['busy_ms']:.3f} ms"
