@@ -3,6 +3,7 @@ shape and batch rows, each timed in a CUDA graph of back-to-back calls that cycl
 weight copies to defeat the 50 MB L2 (a decode step never reuses a layer's weight either).
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/gemv_probe.py [--rows 1,4,8,16] [--models 7b,13b,13b-tp2]
+        (also qwen3-moe, mixtral: their routers, attention projections and lm_head)
         [--configs sweep|candidates] [--splits 1,2,4] [--verbose]
 
 `--configs candidates` times only triton_gemv.CANDIDATES (what select_kernels tries at load: a quick
@@ -29,6 +30,9 @@ SHAPES = {
             ("lm_head", 32000, 5120)),
     "13b-tp2": (40, [("qkv", 7680, 5120), ("o_proj", 5120, 2560), ("gate_up", 13824, 5120), ("down", 5120, 6912)],
                 ("lm_head", 16000, 5120)),
+    # MoE: the router (N = the experts) is a GEMV with few output tiles
+    "qwen3-moe": (48, [("router", 128, 2048), ("qkv", 5120, 2048), ("o_proj", 2048, 4096)], ("lm_head", 151936, 2048)),
+    "mixtral": (32, [("router", 8, 4096), ("qkv", 6144, 4096), ("o_proj", 4096, 4096)], ("lm_head", 32000, 4096)),
 }
 
 
