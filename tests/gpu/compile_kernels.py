@@ -141,8 +141,8 @@ def configs() -> list[tuple]:
                     warps = dict(num_warps=te.wide_row_warps(block))
                     out.append((te._rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant), warps))
                     out.append((te._add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset, QUANT=quant), warps))
-                out.append((te._norm_add_rms_norm_kernel, dtype, dict(BLOCK=block, OFFSET=offset),
-                            dict(num_warps=te.wide_row_warps(block))))
+            out.append((te._norm_add_rms_norm_kernel, dtype, dict(BLOCK=block),  # Gemma's (1 + w) only
+                        dict(num_warps=te.wide_row_warps(block))))
         for hidden in (768, 4096):  # GPT-2, Bloom-7B1
             for has_bias in (True, False) if hidden == 768 else (True,):
                 block = triton.next_power_of_2(hidden)
