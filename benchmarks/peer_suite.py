@@ -268,7 +268,7 @@ def run_side(side: str, plan: dict, model_dir: str, options: dict, args, tokeniz
         try:
             res = run_worker(side, {**plan, "workloads": inproc}, log_dir, args.worker_timeout)
             run.update({w: res[w] for w in inproc}, config=res["config"], env=res["env"], start_s=res["start_s"],
-                       **{k: res[k] for k in ("ceilings",) if k in res})  # the table's floors on this GPU
+                       **({"ceilings": res["ceilings"]} if "ceilings" in res else {}))  # this GPU's floors
         except Exception as exc:  # noqa: BLE001 - recorded; the serving run still goes
             log(f"{side} worker FAILED: {type(exc).__name__}: {exc}")
             run.update({w: {"error": f"{type(exc).__name__}: {exc}"} for w in inproc})
