@@ -42,7 +42,7 @@ INT_ARGS = {"N"}  # a size, though upper-case
 # per kernel: upper-case sizes (K is a pointer elsewhere)
 SIZES = {"_skinny_gemm_kernel": {"M", "N", "K", "K_PER_SPLIT"}, "_gated_gemm_kernel": {"M", "N", "K"},
          "_fp8_weight_gemm": {"M", "N", "K", "K_PER_SPLIT"}, "_fp8_tokens_gemm": {"M", "N", "K", "K_PER_SPLIT"},
-         "_align_kernel": {"P", "E", "S"}, "_select_experts_kernel": {"E"}}
+         "_align_kernel": {"P", "E", "S"}, "_select_experts_kernel": {"E"}, "_sum_slots_kernel": {"H"}}
 # per kernel: pointers of another type than the activations'
 POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_fp8_tokens_gemm": {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "S": "*fp32"},
@@ -52,7 +52,8 @@ POINTER_TYPES = {"_fp8_weight_gemm": {"W": "*fp8e4nv", "S": "*fp32"},
                  "_add_rms_norm_kernel": {"Q": "*fp8e4nv", "QS": "*fp32"},
                  "_align_kernel": {"ids_ptr": "*i64", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
                                    "num_padded_ptr": "*i32"},
-                 "_select_experts_kernel": {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64"}}
+                 "_select_experts_kernel": {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i64"},
+                 "_sum_slots_kernel": {"y_ptr": "*bf16", "out_ptr": "*bf16"}}
 # per kernel: its KV-cache pointers, float8 e4m3 in the FP8 (fp8 KV cache) configurations
 FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {"KC", "VC"},
                       "_write_kv_kernel": {"KC", "VC"}, "_rotary_write_kv_kernel": {"KC", "VC"}}
@@ -163,6 +164,8 @@ def configs() -> list[tuple]:
             for experts, top_k, renormalize in ((8, 2, True), (128, 8, True), (128, 8, False)):  # the routing
                 out.append((tm._select_experts_kernel, dtype,
                             dict(TOP_K=top_k, BLOCK_E=experts, RENORMALIZE=renormalize)))
+            for top_k, hidden in ((2, 4096), (8, 2048)):  # the experts' rows added per token
+                out.append((tm._sum_slots_kernel, dtype, dict(TOP_K=top_k, BLOCK=min(1024, hidden))))
         if dtype == "bf16":  # quantized for an fp8 down_proj: 7B / 13B MLP widths, one program a row
             out.append((te._silu_mul_fp8_kernel, dtype, dict(BLOCK=16384), dict(num_warps=te.wide_row_warps(16384))))
         for gated in (False, True):  # GPT-2 / Bloom's GELU, Gemma's GeGLU

@@ -100,6 +100,21 @@ def test_routing_kernel_matches_the_torch_routing(tokens, experts, top_k, renorm
         torch.testing.assert_close(weights.sum(-1).cpu(), torch.ones(tokens), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens, top_k, hidden", [(1, 8, 2048), (5, 2, 1000), (3, 8, 4096)])
+def test_slot_sum_adds_each_tokens_rows_in_order(tokens: int, top_k: int, hidden: int) -> None:
+    """Each token's top_k rows added in float32 in slot order and rounded once: bit for bit the
+    sequential sum (columns past a 1024 block and a hidden size that is no power of two included)."""
+    dtype = torch.float32 if INTERPRET and not CUDA else torch.bfloat16
+    g = torch.Generator().manual_seed(tokens * top_k + hidden)
+    y = torch.randn(tokens * top_k, hidden, generator=g).to(DEVICE, dtype)
+    want = torch.zeros(tokens, hidden, dtype=torch.float32, device=DEVICE)
+    for j in range(top_k):
+        want += y.view(tokens, top_k, hidden)[:, j].float()
+    got = triton_moe.sum_slots(y, top_k)
+    assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    assert triton_moe.sum_slots(y[:0], top_k).shape == (0, hidden)
+
+
 def test_align_over_the_kernel_bound_takes_the_torch_ops(monkeypatch) -> None:
     ids = torch.tensor([[3, 0], [3, 1], [0, 3]], device=DEVICE)
     monkeypatch.setattr(triton_moe, "_align_kernel", None)  # would fail if launched

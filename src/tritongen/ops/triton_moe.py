@@ -9,7 +9,8 @@ Two kernels then walk those blocks:
   gate_up  h[p] = silu(x[t] @ W1[e].T) * (x[t] @ W3[e].T)  (both halves of w13 in one program,
            SiLU·mul in the epilogue), h [P, I];
   down     y[p] = topk_weight[p] * (h[p] @ W2[e].T), y [P, H];
-and the k rows of each token are summed in float32 (a fixed order: deterministic, no atomics).
+and `_sum_slots_kernel` adds each token's k rows in float32, in slot order (deterministic, no
+atomics), rounding once to the output dtype: one launch where torch's sum and cast took two.
 Every shape is static for a given T (the sort, the padding and the block count are computed on
 the device, never read back), so decode steps run inside CUDA graphs. Blocks past the padded
 total exit at once. The tile shapes of each (N, K, BLOCK_M) are picked by Triton's autotuner on
@@ -296,4 +297,28 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     down[lambda m: (blocks, triton.cdiv(hidden, m["BLOCK_N"]))](
         h, w2, y, weights, sorted_ids, block_expert, num_padded, pairs, hidden, inter,
         h.stride(0), w2.stride(0), w2.stride(1), y.stride(0), **common)
-    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return sum_slots(y, top_k)
+
+
+@triton.jit
+def _sum_slots_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Grid (tokens, cdiv(H, BLOCK)): out[t, cols] = sum_j y[t * TOP_K + j, cols], j in order.
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < H
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * H + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_slots(y: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T, H] in y's dtype: each token's top_k rows of the contiguous y [T * top_k, H] added in
+    float32 in slot order, rounded once (torch's y.view(T, k, H).sum(1, dtype=float32).to(dtype),
+    in one launch)."""
+    pairs, hidden = y.shape
+    out = torch.empty(pairs // top_k, hidden, dtype=y.dtype, device=y.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    if pairs:
+        _sum_slots_kernel[(pairs // top_k, triton.cdiv(hidden, block))](y, out, hidden, TOP_K=top_k, BLOCK=block)
+    return out
