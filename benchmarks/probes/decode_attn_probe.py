@@ -1,8 +1,11 @@
 """Decode attention over the paged cache, split-K ("flash-decoding") against one program per
 (sequence, KV head): microseconds per call for the model shapes at small batches and several
 context lengths, each call captured in a CUDA graph (as decode runs), caches larger than L2.
+With --sweep, the unsplit kernel that large decode batches run, across key tiles (BLOCK_N),
+warps and pipeline stages: microseconds and the K/V bytes' rate per configuration.
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py
+    PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py --sweep --shapes 7b --batches 128 --contexts 512
 """
 from __future__ import annotations
 
@@ -17,15 +20,23 @@ from tritongen.ops.triton_gemv import graph_time_us
 SHAPES = {"7b": (32, 32), "13b": (40, 40), "13b-tp2": (20, 20), "llama3-8b": (32, 8)}  # (q heads, kv heads)
 
 
-def time_case(heads: int, kv_heads: int, batch: int, ctx: int, split: bool, block: int = 16, d: int = 128) -> float:
+def _case(heads: int, kv_heads: int, batch: int, ctx: int, block: int = 16, d: int = 128, shuffle: bool = False):
+    """(query, metadata, caches) of a decode batch: `batch` sequences of `ctx` cached tokens, each
+    sequence's blocks adjacent, or (shuffle) scattered over the cache as a long-running server's are."""
     blocks_per_seq = -(-ctx // block)
     copies = 4  # distinct caches cycled through, so the context is read from HBM, not L2
     num_blocks = batch * blocks_per_seq
     caches = [torch.randn(2, num_blocks, block, kv_heads, d, device="cuda", dtype=torch.bfloat16)
               for _ in range(copies)]
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+    order = torch.randperm(num_blocks).tolist() if shuffle else list(range(num_blocks))
+    tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(batch)]
     meta = build_attention_metadata([1] * batch, [ctx] * batch, tables, block, "cuda")
     q = torch.randn(batch, heads, d, device="cuda", dtype=torch.bfloat16)
+    return q, meta, caches
+
+
+def time_case(heads: int, kv_heads: int, batch: int, ctx: int, split: bool, d: int = 128) -> float:
+    q, meta, caches = _case(heads, kv_heads, batch, ctx, d=d)
     saved = ta.SPLIT_BELOW_PROGRAMS
     ta.SPLIT_BELOW_PROGRAMS = saved if split else 0
     try:
@@ -34,12 +45,46 @@ def time_case(heads: int, kv_heads: int, batch: int, ctx: int, split: bool, bloc
         ta.SPLIT_BELOW_PROGRAMS = saved
 
 
+SWEEP = [(block_n, warps, stages) for block_n in (32, 64, 128) for warps in (2, 4, 8) for stages in (1, 2, 3, 4)]
+
+
+def sweep(heads: int, kv_heads: int, batch: int, ctx: int, configs: list, shuffle: bool, d: int = 128) -> None:
+    """`configs` of the unsplit kernel on one decode batch; the default (64, 4, 3) first."""
+    q, meta, caches = _case(heads, kv_heads, batch, ctx, d=d, shuffle=shuffle)
+    gbytes = 2 * batch * ctx * kv_heads * d * 2 / 1e9  # K and V, bf16
+    base = None
+    for block_n, warps, stages in [(64, 4, 3)] + [c for c in configs if c != (64, 4, 3)]:
+        out = torch.empty_like(q)
+        try:
+            us = graph_time_us(lambda kv: ta._paged_launch(q, kv, meta, out, d ** -0.5, None, None, None, block_n,
+                                                            num_warps=warps, num_stages=stages), caches, reps=5)
+        except Exception as e:  # shared memory beyond the SM's for the largest tiles
+            print(f"  BLOCK_N {block_n:>3} warps {warps} stages {stages}: {type(e).__name__}", flush=True)
+            continue
+        base = base or us
+        print(f"  BLOCK_N {block_n:>3} warps {warps} stages {stages}: {us:8.1f} us {gbytes / us * 1e3:5.2f} TB/s "
+              f"x{base / us:.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="1,2,4")
     ap.add_argument("--contexts", default="128,384,1024,4096")
+    ap.add_argument("--sweep", action="store_true", help="configurations of the unsplit kernel instead")
+    ap.add_argument("--configs", default="all", help="with --sweep: all, or BLOCK_N/warps/stages,... (64/4/3,128/4/3)")
+    ap.add_argument("--shuffle", default="0", help="with --sweep: 0, 1 or 0,1: blocks adjacent, scattered, or both")
     args = ap.parse_args()
+    if args.sweep:
+        configs = SWEEP if args.configs == "all" else [tuple(map(int, c.split("/"))) for c in args.configs.split(",")]
+        for name in args.shapes.split(","):
+            for batch in map(int, args.batches.split(",")):
+                for ctx, shuffle in [(c, s) for c in map(int, args.contexts.split(","))
+                                     for s in map(int, args.shuffle.split(","))]:
+                    print(f"{name} batch {batch} ctx {ctx} {'scattered' if shuffle else 'adjacent'} blocks",
+                          flush=True)
+                    sweep(*SHAPES[name], batch, ctx, configs, bool(shuffle))
+        return
     print(f"{'shape':<10} {'batch':>5} {'ctx':>6} {'splits':>6} {'unsplit us':>10} {'split us':>9} {'x':>6}")
     for name in args.shapes.split(","):
         heads, kv_heads = SHAPES[name]

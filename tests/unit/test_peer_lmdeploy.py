@@ -203,3 +203,23 @@ def test_peer_suite_keeps_the_workers_ceilings_for_the_floors(tmp_path: Path, mo
     rows = {r.name: r for r in peer_suite.rows(state, "none", arch, args, pairs)}
     want = roofline.dataset_floor(arch, "bfloat16", pairs, 256, roofline.Hardware(**ceilings))["floor_s"]
     assert state["hardware"] == ceilings and rows[f"offline {args.dataset}-{args.num_prompts} rps"].fraction == want / 50
+
+
+def test_ceilings_are_measured_in_a_child_process_that_takes_its_memory_with_it() -> None:
+    """A worker measures the device's ceilings before its engine starts; done in place, the 4.7 GB
+    the measurement left behind made vLLM's offline run go out of memory. The child that measures
+    instead is another process, and what it measures is a rate."""
+    import os
+
+    from tritongen.bench.peers import ceilings_in_child
+
+    out = ceilings_in_child("float32", "cpu", 1 << 20, 64)
+    assert out["pid"] != os.getpid()
+    assert out["bandwidth"] > 0 and out["flops"] > 0
+
+
+def test_a_failing_ceiling_measurement_says_why() -> None:
+    from tritongen.bench.peers import ceilings_in_child
+
+    with pytest.raises(RuntimeError, match="(?s)ceilings failed.*no_such_dtype"):
+        ceilings_in_child("no_such_dtype", "cpu", 1 << 20, 64)

@@ -295,16 +295,38 @@ def run_worker(name: str, plan: dict) -> dict:
 
 def _ceilings(dtype: str) -> Optional[dict]:
     """This GPU's measured copy bandwidth (read + write) and GEMM rate in `dtype`, the Hardware the
-    table's floors use (an H100's are not DESIGN.md's H200 ones); None without CUDA."""
+    table's floors use (an H100's are not DESIGN.md's H200 ones); None without CUDA. Measured in a
+    child process: a peer sizes its KV cache from the device's total memory (vLLM's
+    gpu_memory_utilization), and the 4.7 GB this process kept after measuring in place (the copy
+    buffers and the CUDA context) made vLLM's offline run go out of memory on an H100."""
     import torch
 
     if not torch.cuda.is_available():
         return None
+    measured = ceilings_in_child(dtype, "cuda", 4 << 30, 8192)
+    return {"bandwidth": measured["bandwidth"], "flops": measured["flops"]}
+
+
+def ceilings_in_child(dtype: str, device: str, copy_bytes: int, gemm_n: int) -> dict:
+    """measure_ceilings in a fresh Python process (this one's interpreter and sys.path), so that
+    none of the device memory it takes stays with the caller; its answer plus the child's pid."""
+    import subprocess
+
+    code = ("import json, os, sys; from tritongen.bench.peers import measure_ceilings; "
+            "print(json.dumps({**measure_ceilings(*sys.argv[1:3], *map(int, sys.argv[3:])), 'pid': os.getpid()}))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-c", code, dtype, device, str(copy_bytes), str(gemm_n)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring the device's ceilings failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_ceilings(dtype: str, device: str, copy_bytes: int, gemm_n: int) -> dict:
+    """Copy bandwidth over `copy_bytes` and the rate of a gemm_n-cubed matmul in `dtype`, here."""
     from tritongen.bench.gpu_suite_common import copy_bandwidth, gemm_flops
 
-    out = {"bandwidth": copy_bandwidth("cuda", 4 << 30), "flops": gemm_flops("cuda", 8192, dtype)}
-    torch.cuda.empty_cache()
-    return out
+    return {"bandwidth": copy_bandwidth(device, copy_bytes), "flops": gemm_flops(device, gemm_n, dtype)}
 
 
 def _env() -> dict:

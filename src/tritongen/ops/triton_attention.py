@@ -430,38 +430,44 @@ def _split_decode(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.
     )
 
 
-def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                           sliding_window: Optional[int] = None, alibi_slopes: Optional[torch.Tensor] = None,
-                           logit_softcap: Optional[float] = None) -> torch.Tensor:
-    """ops.attention.paged_attention's contract: the cache already holds this step's keys."""
-    T, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[3]
+def _paged_launch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor, scale: float,
+                  sliding_window: Optional[int], alibi_slopes: Optional[torch.Tensor], logit_softcap: Optional[float],
+                  block_n: int = 64, **launch) -> None:
+    """One launch of _paged_attn_kernel over the batch (launch: num_warps / num_stages, Triton's
+    defaults unless given; decode_attn_probe.py sweeps them with block_n)."""
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
-    max_q = meta.max_query_len
-    if T == 0 or max_q == 0:
-        return out
-    splits = decode_splits(meta.seq_lens.shape[0], num_kv_heads) if max_q == 1 else 1
-    if splits > 1:
-        _split_decode(q, None, None, None, None, kv_cache, meta, out, scale, sliding_window, alibi_slopes,
-                      logit_softcap, splits)
-        return out
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     block_m = max(16, triton.next_power_of_2(group))
-    if max_q > 1:
+    if meta.max_query_len > 1:
         block_m = max(block_m, 64)
-    toks = block_m // group
-    grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(max_q, toks))
+    grid = (meta.seq_lens.shape[0], num_kv_heads, triton.cdiv(meta.max_query_len, block_m // group))
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc, alibi_slopes,
         scale, sliding_window or 0, float(logit_softcap or 1.0), *kv_cache_scales(kv_cache),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=64, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
+        GROUP=group, HEAD_DIM=q.shape[2], BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])),
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
         ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
-        FP8=is_fp8_cache(kv_cache),
+        FP8=is_fp8_cache(kv_cache), **launch,
     )
+
+
+def paged_attention_triton(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                           sliding_window: Optional[int] = None, alibi_slopes: Optional[torch.Tensor] = None,
+                           logit_softcap: Optional[float] = None) -> torch.Tensor:
+    """ops.attention.paged_attention's contract: the cache already holds this step's keys."""
+    out = torch.empty_like(q)
+    max_q = meta.max_query_len
+    if q.shape[0] == 0 or max_q == 0:
+        return out
+    splits = decode_splits(meta.seq_lens.shape[0], kv_cache.shape[3]) if max_q == 1 else 1
+    if splits > 1:
+        _split_decode(q, None, None, None, None, kv_cache, meta, out, scale, sliding_window, alibi_slopes,
+                      logit_softcap, splits)
+        return out
+    _paged_launch(q, kv_cache, meta, out, scale, sliding_window, alibi_slopes, logit_softcap)
     return out
 
 
