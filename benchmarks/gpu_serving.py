@@ -147,20 +147,29 @@ ENGINE_SERIES = ("tritongen_engine_steps_total", "tritongen_engine_prefill_steps
 
 
 GAUGE_SERIES = ("tritongen_num_requests_running", "tritongen_num_requests_waiting")
+PEER_GAUGE_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+"""The same two gauges under vLLM's names: vLLM exports them, and so does our OpenAI server (the
+names the Gateway API Inference Extension reads), so one sampler compares the two servers."""
 GAUGE_PERIOD_S = 0.5
 
 
-def scrape_engine_counters(metrics_url: str, series: tuple[str, ...] = ENGINE_SERIES) -> dict[str, float]:
-    """The engine's step counters (or other series) from a Prometheus text page, summed over label sets."""
+def scrape_engine_counters(metrics_url: str, series: tuple[str, ...] = ENGINE_SERIES,
+                           require: bool = False) -> dict[str, float]:
+    """The engine's step counters (or other series) from a Prometheus text page, summed over label
+    sets; a series the page lacks counts 0, or (require) raises KeyError."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
     out = dict.fromkeys(series, 0.0)
+    seen = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in out:
                 out[sample.name] += sample.value
+                seen.add(sample.name)
+    if require and seen != set(series):
+        raise KeyError(f"{metrics_url} has no {', '.join(sorted(set(series) - seen))}")
     return out
 
 
@@ -200,16 +209,16 @@ class GaugeSampler:
     """Samples the engine's running / waiting gauges every GAUGE_PERIOD_S during a run: with the
     client's concurrency, they tell where requests wait (engine queue, or before the engine)."""
 
-    def __init__(self, metrics_url: str) -> None:
-        self.url, self.samples = metrics_url, []
+    def __init__(self, metrics_url: str, series: tuple[str, str] = GAUGE_SERIES) -> None:
+        self.url, self.series, self.samples = metrics_url, series, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(GAUGE_PERIOD_S):
             try:
-                self.samples.append(scrape_engine_counters(self.url, GAUGE_SERIES))
-            except Exception:  # noqa: BLE001 - a missed sample only thins the mean
+                self.samples.append(scrape_engine_counters(self.url, self.series, require=True))
+            except Exception:  # noqa: BLE001 - a missed sample only thins the mean; none at all gives None
                 pass
 
     def __enter__(self) -> "GaugeSampler":
@@ -223,7 +232,7 @@ class GaugeSampler:
     def means(self) -> dict:
         n = len(self.samples)
         mean = lambda k: sum(x[k] for x in self.samples) / n if n else None  # noqa: E731
-        return {"engine_running": mean(GAUGE_SERIES[0]), "engine_waiting": mean(GAUGE_SERIES[1])}
+        return {"engine_running": mean(self.series[0]), "engine_waiting": mean(self.series[1])}
 
 
 def _f(v, spec: str = ".1f") -> str:

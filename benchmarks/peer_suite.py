@@ -190,7 +190,17 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
         if warm:
             s = gpu_serving.run_load("openai", server.url, tokenizer, warm, args)
             log(f"serving {side}: warm-up {s['completed']}/{len(warm)} ok")
-        s = gpu_serving.run_load("openai", server.url, tokenizer, requests, args)
+        metrics_url = server.url + "/metrics"
+        steps_before = gpu_serving.scrape_engine_counters(metrics_url) if side == "tritongen" else None
+        with gpu_serving.GaugeSampler(metrics_url, gpu_serving.PEER_GAUGE_SERIES) as gauges:
+            s = gpu_serving.run_load("openai", server.url, tokenizer, requests, args)
+        s.update(gauges.means())  # None where the server exports no such gauges (LMDeploy by default)
+        if steps_before is not None:
+            time.sleep(gpu_serving.METRICS_SETTLE_S)
+            s.update(gpu_serving.engine_mix(steps_before, gpu_serving.scrape_engine_counters(metrics_url)))
+        log(f"serving {side}: requests in the engine {gpu_serving._f(s.get('engine_running'))} running, "
+            f"{gpu_serving._f(s.get('engine_waiting'))} waiting (mean); steps with prompt tokens "
+            f"{gpu_serving._pct(s.get('prefill_step_share'))}")
         return gpu_serving.row(side, args, s, start_s)
     except Exception as exc:  # noqa: BLE001 - the other side still runs
         log(f"serving {side} FAILED: {type(exc).__name__}: {exc}")
@@ -236,7 +246,8 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
                        ratio=ratio(a, b), fraction=fa, unit=unit,
                        note=f"floor {_f(floors['ours'])} s (max batch {batch['ours']}); peer fraction {_f(fb)} "
                             f"of {_f(floors['peer'])} s (max batch {batch['peer']})"))
-    for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("tpot_p50_ms", "ms")):
+    for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("tpot_p50_ms", "ms"),
+                      ("itl_p50_ms", "ms"), ("engine_running", "seqs")):
         a, b = get(ours, "serving", key), get(other, "serving", key)
         out.append(Row("serving", f"serving c{args.concurrency} {key}", ours=a, peer=b, ratio=ratio(a, b), unit=unit,
                        note=f"ok/err ours {get(ours, 'serving', 'num_ok')}/{get(ours, 'serving', 'num_err')}, "

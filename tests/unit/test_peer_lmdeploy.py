@@ -223,3 +223,51 @@ def test_a_failing_ceiling_measurement_says_why() -> None:
 
     with pytest.raises(RuntimeError, match="(?s)ceilings failed.*no_such_dtype"):
         ceilings_in_child("no_such_dtype", "cpu", 1 << 20, 64)
+
+
+def _metrics_server(text: str):
+    """A Prometheus text page on 127.0.0.1 (a free port); returns (server, url)."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+
+
+def test_serving_rows_sample_the_running_batch_under_vllms_names() -> None:
+    """peer_suite samples vllm:num_requests_running / waiting on both servers (vLLM's own gauges,
+    our server's aliases), summed over label sets; a page without them gives None, not 0."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_serving
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    page = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 100.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 20.0\n'
+            '# TYPE vllm:num_requests_waiting gauge\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n')
+    for text, want in ((page, {"engine_running": 120.0, "engine_waiting": 3.0}),
+                       ("# TYPE other gauge\nother 1.0\n", {"engine_running": None, "engine_waiting": None})):
+        server, url = _metrics_server(text)
+        try:
+            with gpu_serving.GaugeSampler(url, gpu_serving.PEER_GAUGE_SERIES) as gauges:
+                time.sleep(2.5 * gpu_serving.GAUGE_PERIOD_S)
+        finally:
+            server.shutdown()
+        assert gauges.means() == want
