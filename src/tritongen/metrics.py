@@ -28,6 +28,11 @@ COUNTERS = {
                                             "one); the decodes batched with them take longer.",
     "tritongen_engine_steps_ahead_total": "Engine steps launched by asynchronous scheduling before the step "
                                           "before them finished.",
+    "tritongen_engine_decode_step_seconds_total": "Seconds of engine steps without prompt tokens, each from its "
+                                                  "start (launch, or the step before's result) to its result.",
+    "tritongen_engine_prefill_step_seconds_total": "Seconds of engine steps that carried prompt tokens, measured "
+                                                   "the same way: over tritongen_engine_prefill_steps_total, their "
+                                                   "mean length.",
     "tritongen_request_rejected_total": "Requests refused at admission (UNAVAILABLE / 503) because the server was "
                                         "full (max_num_seqs running + max_queue waiting).",
     "tritongen_engine_failed_steps_total": "Engine steps that raised: only the requests scheduled in them failed "
@@ -40,6 +45,8 @@ ENGINE_COUNTERS = {  # counter <- the engine stats() key it follows
     "tritongen_engine_steps_total": "num_steps",
     "tritongen_engine_prefill_steps_total": "num_prefill_steps",
     "tritongen_engine_steps_ahead_total": "num_steps_ahead",
+    "tritongen_engine_decode_step_seconds_total": "decode_step_seconds",
+    "tritongen_engine_prefill_step_seconds_total": "prefill_step_seconds",
     "tritongen_engine_failed_steps_total": "num_failed_steps",
     "tritongen_engine_restarts_total": "engine_restarts",
 }

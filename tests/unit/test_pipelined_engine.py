@@ -180,3 +180,48 @@ def test_engine_counts_its_steps() -> None:
     assert st["num_steps_ahead"] == sum(s.input_from_previous for s in launched) > 0
     with_prompt = sum(any(s.num_new_tokens > 1 or not s.do_sample for s in x.seqs) for x in launched)
     assert st["num_prefill_steps"] == with_prompt and 0 < with_prompt < len(launched)
+
+
+class SlowRunner(AsyncFakeRunner):
+    """Each step's result comes `prefill_s` after its wait starts when it carries prompt tokens,
+    `decode_s` when it only decodes (sequential mode: execute() takes that long)."""
+
+    decode_s, prefill_s = 0.004, 0.04
+
+    def _delay(self, sched: SchedulerOutput) -> float:
+        return self.prefill_s if any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs) else self.decode_s
+
+    def launch(self, sched: SchedulerOutput):
+        import time
+
+        wait, delay = super().launch(sched), self._delay(sched)
+        return lambda: (time.sleep(delay), wait())[1]
+
+    def execute(self, sched: SchedulerOutput) -> ModelOutput:
+        import time
+
+        if not self.asynchronous:
+            time.sleep(self._delay(sched))
+        return super().execute(sched)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_engine_times_steps_with_and_without_prompt_tokens(pipelined: bool) -> None:
+    """step_seconds: each step from its start to its result, by kind, so that their means over
+    num_steps / num_prefill_steps are the lengths of each kind of step (the metrics'
+    tritongen_engine_{decode,prefill}_step_seconds_total)."""
+    import time
+
+    runner_cls = SlowRunner if pipelined else type("SeqSlowRunner", (SlowRunner,), {"asynchronous": False})
+    eng, _ = make(runner_cls, 64)
+    assert eng.pipelined == pipelined
+    t0 = time.perf_counter()
+    run(eng, requests()[:6])
+    wall = time.perf_counter() - t0
+    st = eng.stats()
+    decode_steps = st["num_steps"] - st["num_prefill_steps"]
+    assert decode_steps > 0 and st["num_prefill_steps"] > 0
+    decode_mean = st["decode_step_seconds"] / decode_steps
+    prefill_mean = st["prefill_step_seconds"] / st["num_prefill_steps"]
+    assert SlowRunner.decode_s <= decode_mean < SlowRunner.prefill_s <= prefill_mean
+    assert st["decode_step_seconds"] + st["prefill_step_seconds"] <= wall

@@ -104,7 +104,8 @@ class EngineCore:
         self.pipelined = bool(getattr(runner, "asynchronous", False))
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
-        self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput]]] = None
+        self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput], float]] = None
+        """The step in flight: its schedule, the call that waits for its result, when it was launched."""
         self._at_risk: list[SchedulerOutput] = []
         """Steps scheduled but whose results are not applied yet: an exception now fails their requests."""
         self._unemitted: list[Sequence] = []
@@ -115,6 +116,12 @@ class EngineCore:
         """Steps that carried prompt tokens (a prefill or a chunk): the decodes batched with them wait longer."""
         self.num_steps_ahead = 0
         """Steps launched by asynchronous scheduling before the step before them finished."""
+        self.step_seconds = {"decode": 0.0, "prefill": 0.0}
+        """Seconds from each step's start (its launch, or the step before's result if that came later)
+        to its result, summed over steps without and with prompt tokens: with num_steps and
+        num_prefill_steps, the mean length of each kind, which is how much prefill stretches the
+        decodes batched with it."""
+        self._last_result: Optional[float] = None
         self.async_scheduling = (self.pipelined and scheduler_config.async_scheduling
                                  and bool(getattr(runner, "supports_input_from_previous", False)))
         """Pipelined, and the next decode step is launched before the one in flight is done, fed
@@ -170,7 +177,10 @@ class EngineCore:
         self._at_risk = [sched]
         if not sched.is_empty:
             self._count(sched)
-            self._pending_outputs += self._emit(self.scheduler.update(sched, self.runner.execute(sched)))
+            started = time.perf_counter()
+            out = self.runner.execute(sched)
+            self._time(sched, started)
+            self._pending_outputs += self._emit(self.scheduler.update(sched, out))
         elif sched.finished_request_ids:
             self.runner.execute(sched)  # lets the runner drop per-request state
         self._at_risk = []
@@ -180,12 +190,14 @@ class EngineCore:
         emit while the device runs it. A stop string found here ends a request that the step in
         flight also computes; its extra token is dropped (the request is gone when it arrives)."""
         if self._inflight is not None:
-            sched, result = self._inflight
+            sched, result, launched = self._inflight
             self._inflight = None
             ahead = self.scheduler.schedule_ahead(sched) if self.async_scheduling else None
             if ahead is not None:
                 self._launch(ahead)
-            self._unemitted = self.scheduler.update(sched, result())
+            out = result()
+            self._time(sched, launched)
+            self._unemitted = self.scheduler.update(sched, out)
             self._settled(sched)
             if ahead is not None:
                 self._emit_unemitted()
@@ -202,7 +214,7 @@ class EngineCore:
     def _launch(self, sched: SchedulerOutput) -> None:
         self._at_risk.append(sched)  # first: a launch that raises fails the step's requests too
         self._count(sched)
-        self._inflight = (sched, self.runner.launch(sched))
+        self._inflight = (sched, self.runner.launch(sched), time.perf_counter())
 
     def _settled(self, sched: SchedulerOutput) -> None:
         self._at_risk = [s for s in self._at_risk if s is not sched]  # identity: == would compare deeply
@@ -219,7 +231,14 @@ class EngineCore:
                 seq.times.first_scheduled_time = now
         self.num_steps += 1
         self.num_steps_ahead += sched.input_from_previous
-        self.num_prefill_steps += any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
+        self.num_prefill_steps += _carries_prompt(sched)
+
+    def _time(self, sched: SchedulerOutput, started: float) -> None:
+        """Count the step whose result just arrived into step_seconds."""
+        now = time.perf_counter()
+        begin = started if self._last_result is None else max(started, self._last_result)
+        self._last_result = now
+        self.step_seconds["prefill" if _carries_prompt(sched) else "decode"] += now - begin
 
     def _emit(self, updated: list[Sequence]) -> list[RequestOutput]:
         outputs = []
@@ -320,4 +339,12 @@ class EngineCore:
             "num_prefill_steps": self.num_prefill_steps,
             "num_steps_ahead": self.num_steps_ahead,
             "num_failed_steps": self.num_failed_steps,
+            "decode_step_seconds": self.step_seconds["decode"],
+            "prefill_step_seconds": self.step_seconds["prefill"],
         }
+
+
+def _carries_prompt(sched: SchedulerOutput) -> bool:
+    """The step computes prompt tokens: a sequence with more than one new token (a prefill or a
+    chunk of one), or one whose token samples nothing (a chunk that ends before its prompt does)."""
+    return any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
