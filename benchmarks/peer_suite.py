@@ -200,7 +200,8 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
             s.update(gpu_serving.engine_mix(steps_before, gpu_serving.scrape_engine_counters(metrics_url)))
         log(f"serving {side}: requests in the engine {gpu_serving._f(s.get('engine_running'))} running, "
             f"{gpu_serving._f(s.get('engine_waiting'))} waiting (mean); steps with prompt tokens "
-            f"{gpu_serving._pct(s.get('prefill_step_share'))}")
+            f"{gpu_serving._pct(s.get('prefill_step_share'))}, {gpu_serving._f(s.get('prefill_step_ms'), '.2f')} ms "
+            f"against {gpu_serving._f(s.get('decode_step_ms'), '.2f')} ms without")
         return gpu_serving.row(side, args, s, start_s)
     except Exception as exc:  # noqa: BLE001 - the other side still runs
         log(f"serving {side} FAILED: {type(exc).__name__}: {exc}")
