@@ -174,6 +174,28 @@ def scrape_engine_counters(metrics_url: str, series: tuple[str, ...] = ENGINE_SE
     return out
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (not its children's), from /proc; None
+    where there is no /proc or the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+def front_cpu(pid: int, before: float | None, summary: dict) -> dict:
+    """The server process's CPU over a run that began at CPU time `before`: seconds per second of
+    the run, and microseconds per output token. The front's share of serving work (HTTP, SSE,
+    detokenizing where it runs there), apart from an engine in a child process."""
+    after = process_cpu_seconds(pid)
+    elapsed, tokens = summary.get("elapsed_time"), summary.get("completion_tokens")
+    if before is None or after is None or not elapsed:
+        return {"server_cpu": None, "server_cpu_us_per_token": None}
+    return {"server_cpu": (after - before) / elapsed,
+            "server_cpu_us_per_token": 1e6 * (after - before) / tokens if tokens else None}
+
+
 def engine_mix(before: dict, after: dict) -> dict:
     """Steps of the measured run: how many, the share with prompt tokens, the share launched ahead, and
     the mean length (ms) of steps with and without prompt tokens."""
@@ -270,6 +292,7 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
             "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
             "decode_step_ms": s.get("decode_step_ms"), "prefill_step_ms": s.get("prefill_step_ms"),
+            "server_cpu": s.get("server_cpu"), "server_cpu_us_per_token": s.get("server_cpu_us_per_token"),
             "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),
             "engine_waiting": s.get("engine_waiting"), "sender_threads": sender_threads(args) if kind.startswith("triton-") else None,
             "error": error or s.get("first_error")}

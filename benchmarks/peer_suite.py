@@ -192,16 +192,20 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
             log(f"serving {side}: warm-up {s['completed']}/{len(warm)} ok")
         metrics_url = server.url + "/metrics"
         steps_before = gpu_serving.scrape_engine_counters(metrics_url) if side == "tritongen" else None
+        cpu_before = gpu_serving.process_cpu_seconds(server.proc.pid)
         with gpu_serving.GaugeSampler(metrics_url, gpu_serving.PEER_GAUGE_SERIES) as gauges:
             s = gpu_serving.run_load("openai", server.url, tokenizer, requests, args)
         s.update(gauges.means())  # None where the server exports no such gauges (LMDeploy by default)
+        s.update(gpu_serving.front_cpu(server.proc.pid, cpu_before, s))
         if steps_before is not None:
             time.sleep(gpu_serving.METRICS_SETTLE_S)
             s.update(gpu_serving.engine_mix(steps_before, gpu_serving.scrape_engine_counters(metrics_url)))
         log(f"serving {side}: requests in the engine {gpu_serving._f(s.get('engine_running'))} running, "
             f"{gpu_serving._f(s.get('engine_waiting'))} waiting (mean); steps with prompt tokens "
             f"{gpu_serving._pct(s.get('prefill_step_share'))}, {gpu_serving._f(s.get('prefill_step_ms'), '.2f')} ms "
-            f"against {gpu_serving._f(s.get('decode_step_ms'), '.2f')} ms without")
+            f"against {gpu_serving._f(s.get('decode_step_ms'), '.2f')} ms without; the server process "
+            f"{gpu_serving._f(s.get('server_cpu'), '.2f')} CPU-s/s, "
+            f"{gpu_serving._f(s.get('server_cpu_us_per_token'), '.0f')} us per output token")
         return gpu_serving.row(side, args, s, start_s)
     except Exception as exc:  # noqa: BLE001 - the other side still runs
         log(f"serving {side} FAILED: {type(exc).__name__}: {exc}")
@@ -248,7 +252,7 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
                        note=f"floor {_f(floors['ours'])} s (max batch {batch['ours']}); peer fraction {_f(fb)} "
                             f"of {_f(floors['peer'])} s (max batch {batch['peer']})"))
     for key, unit in (("rps", "req/s"), ("output_tok_s", "tok/s"), ("ttft_p50_ms", "ms"), ("tpot_p50_ms", "ms"),
-                      ("itl_p50_ms", "ms"), ("engine_running", "seqs")):
+                      ("itl_p50_ms", "ms"), ("engine_running", "seqs"), ("server_cpu_us_per_token", "us")):
         a, b = get(ours, "serving", key), get(other, "serving", key)
         out.append(Row("serving", f"serving c{args.concurrency} {key}", ours=a, peer=b, ratio=ratio(a, b), unit=unit,
                        note=f"ok/err ours {get(ours, 'serving', 'num_ok')}/{get(ours, 'serving', 'num_err')}, "

@@ -271,3 +271,35 @@ def test_serving_rows_sample_the_running_batch_under_vllms_names() -> None:
         finally:
             server.shutdown()
         assert gauges.means() == want
+
+
+def test_front_cpu_counts_the_server_process_cpu_per_output_token() -> None:
+    """The serving rows' server_cpu: CPU seconds of the server process (read from /proc) over the
+    run, per second and per output token; a process that burns 0.3 s of CPU shows at least that."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_serving
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+                             "while time.process_time() - t < 0.3: pass\nsys.stdin.readline()"],
+                            stdin=subprocess.PIPE, text=True)
+    try:
+        before = gpu_serving.process_cpu_seconds(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(0.1)
+        while gpu_serving.process_cpu_seconds(proc.pid) - before < 0.3:
+            time.sleep(0.05)
+        out = gpu_serving.front_cpu(proc.pid, before, {"elapsed_time": 2.0, "completion_tokens": 1000})
+    finally:
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+    assert 0.3 <= out["server_cpu"] * 2.0 < 2.0 and out["server_cpu_us_per_token"] == pytest.approx(
+        1e6 * out["server_cpu"] * 2.0 / 1000)
+    assert gpu_serving.process_cpu_seconds(proc.pid) is None  # gone
+    assert gpu_serving.front_cpu(proc.pid, before, {"elapsed_time": 2.0, "completion_tokens": 1000}) == {
+        "server_cpu": None, "server_cpu_us_per_token": None}
