@@ -105,7 +105,7 @@ class EngineCore:
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
         self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput], float]] = None
-        """The step in flight: its schedule, the call that waits for its result, when it was launched."""
+        """The step in flight: its schedule, the call that waits for its result, when its launch began."""
         self._at_risk: list[SchedulerOutput] = []
         """Steps scheduled but whose results are not applied yet: an exception now fails their requests."""
         self._unemitted: list[Sequence] = []
@@ -214,7 +214,8 @@ class EngineCore:
     def _launch(self, sched: SchedulerOutput) -> None:
         self._at_risk.append(sched)  # first: a launch that raises fails the step's requests too
         self._count(sched)
-        self._inflight = (sched, self.runner.launch(sched), time.perf_counter())
+        started = time.perf_counter()  # before the launch's host work: a device idle through it waits for it
+        self._inflight = (sched, self.runner.launch(sched), started)
 
     def _settled(self, sched: SchedulerOutput) -> None:
         self._at_risk = [s for s in self._at_risk if s is not sched]  # identity: == would compare deeply
