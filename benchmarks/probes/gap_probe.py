@@ -40,19 +40,22 @@ def main() -> None:
     for name in args.modes.split(","):
         pipelined, async_ = modes[name]
         eng.pipelined, eng.async_scheduling = pipelined, async_
-        warm = 10 + -(-args.batch * args.prompt_len // 512)  # every prompt's prefill, in chunks of >= 512
+        most = 10 + -(-args.batch * args.prompt_len // 512)  # every prompt's prefill, in chunks of >= 512
         names = [f"{name}-{i}" for i in range(args.batch)]
         for i, rid in enumerate(names):
             eng.add_request(rid, [100 + (i + j) % 1000 for j in range(args.prompt_len)],
-                            fixed_length_params(4 * args.steps + 30 + warm))
-        for _ in range(warm):
+                            fixed_length_params(4 * args.steps + 30 + most))
+        for _ in range(most):  # until every prompt is prefilled, then 10 decode steps
             eng.step()
+            if all(eng.scheduler.requests[rid].num_output_tokens >= 10 for rid in names):
+                break
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             eng.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
+        context = sum(eng.scheduler.requests[rid].num_tokens for rid in names) / len(names)
         with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
                 eng.step()
@@ -64,6 +67,7 @@ def main() -> None:
             eng.abort(rid)
         while eng.has_unfinished():
             eng.step()
+        print(f"{name:10s} {len(names)} sequences, mean context {context:.0f} tokens at the profile's start", flush=True)
         print(f"{name:10s} wall {wall:.3f} ms/step | kernels {g['kernels_per_step']:.0f}/step busy {g['busy_ms']:.3f} ms"
               f" | gaps <5us {g['gap_lt5us_ms']:.3f} ms, 5-50us {g['gap_5_50us_ms']:.3f} ms, >=50us "
               f"{g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step)", flush=True)
