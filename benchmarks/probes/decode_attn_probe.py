@@ -2,7 +2,8 @@
 (sequence, KV head): microseconds per call for the model shapes at small batches and several
 context lengths, each call captured in a CUDA graph (as decode runs), caches larger than L2.
 With --sweep, the unsplit kernel that large decode batches run, across key tiles (BLOCK_N),
-warps and pipeline stages: microseconds and the K/V bytes' rate per configuration.
+warps and pipeline stages: microseconds and the K/V bytes' rate per configuration, beside the
+device's copy rate and the rate of a plain sum over 4 GiB (reads only, as attention).
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py
     PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py --sweep --shapes 7b --batches 128 --contexts 512
@@ -66,6 +67,16 @@ def sweep(heads: int, kv_heads: int, batch: int, ctx: int, configs: list, shuffl
               f"x{base / us:.3f}", flush=True)
 
 
+def read_rates(nbytes: int = 4 << 30) -> str:
+    """The references for the sweep's TB/s: a device copy (read + write, the roofline's ceiling)
+    and a sum over the same bytes (reads only, what attention does)."""
+    from tritongen.bench.gpu_suite_common import copy_bandwidth, seconds_per_call
+
+    x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    read = nbytes / seconds_per_call(lambda: x.sum(dtype=torch.float32), "cuda", 10)
+    return f"copy {copy_bandwidth('cuda', nbytes) / 1e12:.2f} TB/s (read + write), sum {read / 1e12:.2f} TB/s (read)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -76,6 +87,7 @@ def main() -> None:
     ap.add_argument("--shuffle", default="0", help="with --sweep: 0, 1 or 0,1: blocks adjacent, scattered, or both")
     args = ap.parse_args()
     if args.sweep:
+        print(f"references over 4 GiB: {read_rates()}", flush=True)
         configs = SWEEP if args.configs == "all" else [tuple(map(int, c.split("/"))) for c in args.configs.split(",")]
         for name in args.shapes.split(","):
             for batch in map(int, args.batches.split(",")):
