@@ -104,8 +104,9 @@ class EngineCore:
         self.pipelined = bool(getattr(runner, "asynchronous", False))
         """One step in flight between step() calls: the outputs of step N are detokenized and
         delivered while the device runs step N+1 (runners with an asynchronous launch)."""
-        self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput], float]] = None
-        """The step in flight: its schedule, the call that waits for its result, when its launch began."""
+        self._inflight: Optional[tuple[SchedulerOutput, Callable[[], ModelOutput], float, bool]] = None
+        """The step in flight: its schedule, the call that waits for its result, when its launch
+        began, whether it carries prompt tokens."""
         self._at_risk: list[SchedulerOutput] = []
         """Steps scheduled but whose results are not applied yet: an exception now fails their requests."""
         self._unemitted: list[Sequence] = []
@@ -176,10 +177,10 @@ class EngineCore:
         sched = self.scheduler.schedule()
         self._at_risk = [sched]
         if not sched.is_empty:
-            self._count(sched)
+            prefill = self._count(sched)
             started = time.perf_counter()
             out = self.runner.execute(sched)
-            self._time(sched, started)
+            self._time(prefill, started)
             self._pending_outputs += self._emit(self.scheduler.update(sched, out))
         elif sched.finished_request_ids:
             self.runner.execute(sched)  # lets the runner drop per-request state
@@ -190,13 +191,13 @@ class EngineCore:
         emit while the device runs it. A stop string found here ends a request that the step in
         flight also computes; its extra token is dropped (the request is gone when it arrives)."""
         if self._inflight is not None:
-            sched, result, launched = self._inflight
+            sched, result, launched, prefill = self._inflight
             self._inflight = None
             ahead = self.scheduler.schedule_ahead(sched) if self.async_scheduling else None
             if ahead is not None:
                 self._launch(ahead)
             out = result()
-            self._time(sched, launched)
+            self._time(prefill, launched)
             self._unemitted = self.scheduler.update(sched, out)
             self._settled(sched)
             if ahead is not None:
@@ -213,9 +214,9 @@ class EngineCore:
 
     def _launch(self, sched: SchedulerOutput) -> None:
         self._at_risk.append(sched)  # first: a launch that raises fails the step's requests too
-        self._count(sched)
+        prefill = self._count(sched)
         started = time.perf_counter()  # before the launch's host work: a device idle through it waits for it
-        self._inflight = (sched, self.runner.launch(sched), started)
+        self._inflight = (sched, self.runner.launch(sched), started, prefill)
 
     def _settled(self, sched: SchedulerOutput) -> None:
         self._at_risk = [s for s in self._at_risk if s is not sched]  # identity: == would compare deeply
@@ -224,7 +225,8 @@ class EngineCore:
         updated, self._unemitted = self._unemitted, []
         self._pending_outputs += self._emit(updated)
 
-    def _count(self, sched: SchedulerOutput) -> None:
+    def _count(self, sched: SchedulerOutput) -> bool:
+        """Count a step as it is launched; returns whether it carries prompt tokens."""
         now = time.time()
         for scheduled in sched.seqs:
             seq = self.scheduler.requests.get(scheduled.request_id)
@@ -232,14 +234,18 @@ class EngineCore:
                 seq.times.first_scheduled_time = now
         self.num_steps += 1
         self.num_steps_ahead += sched.input_from_previous
-        self.num_prefill_steps += _carries_prompt(sched)
+        # The step computes prompt tokens: a sequence with more than one new token (a prefill or a
+        # chunk of one), or one whose token samples nothing (a chunk that ends before its prompt does).
+        prefill = any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
+        self.num_prefill_steps += prefill
+        return prefill
 
-    def _time(self, sched: SchedulerOutput, started: float) -> None:
+    def _time(self, prefill: bool, started: float) -> None:
         """Count the step whose result just arrived into step_seconds."""
         now = time.perf_counter()
         begin = started if self._last_result is None else max(started, self._last_result)
         self._last_result = now
-        self.step_seconds["prefill" if _carries_prompt(sched) else "decode"] += now - begin
+        self.step_seconds["prefill" if prefill else "decode"] += now - begin
 
     def _emit(self, updated: list[Sequence]) -> list[RequestOutput]:
         outputs = []
@@ -343,9 +349,3 @@ class EngineCore:
             "decode_step_seconds": self.step_seconds["decode"],
             "prefill_step_seconds": self.step_seconds["prefill"],
         }
-
-
-def _carries_prompt(sched: SchedulerOutput) -> bool:
-    """The step computes prompt tokens: a sequence with more than one new token (a prefill or a
-    chunk of one), or one whose token samples nothing (a chunk that ends before its prompt does)."""
-    return any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
