@@ -209,20 +209,35 @@ def engine_mix(before: dict, after: dict) -> dict:
             "prefill_step_ms": mean_ms(d["tritongen_engine_prefill_step_seconds_total"], prefill)}
 
 
+def measured_load(kind: str, url: str, tokenizer, requests: list, args, metrics_url: str,
+                  gauge_series: tuple[str, str] = GAUGE_SERIES, engine_steps: bool = True,
+                  server_pid: int | None = None) -> dict:
+    """run_load's summary plus what the server's /metrics tell about the run: the mean running /
+    waiting gauges (`gauge_series`), with `engine_steps` our engine's step mix (engine_mix), with
+    `server_pid` the server process's CPU (front_cpu)."""
+    if engine_steps:
+        time.sleep(METRICS_SETTLE_S)  # the frontends export the engine counters on a timer
+        before = scrape_engine_counters(metrics_url)
+    cpu_before = process_cpu_seconds(server_pid) if server_pid is not None else None
+    with GaugeSampler(metrics_url, gauge_series) as gauges:
+        s = run_load(kind, url, tokenizer, requests, args)
+    s.update(gauges.means())
+    if server_pid is not None:
+        s.update(front_cpu(server_pid, cpu_before, s))
+    if engine_steps:
+        time.sleep(METRICS_SETTLE_S)
+        s.update(engine_mix(before, scrape_engine_counters(metrics_url)))
+    return s
+
+
 def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, args, metrics_url: str) -> dict:
     if warm:
         s = run_load(kind, url, tokenizer, warm, args)
         log(f"{kind}: warm-up {s['completed']}/{len(warm)} ok in {s['elapsed_time']:.1f} s")
         if not s["completed"]:
             raise RuntimeError(f"every warm-up request failed: {s.get('first_error')}")
-    time.sleep(METRICS_SETTLE_S)  # the frontends export the engine counters on a timer
-    before = scrape_engine_counters(metrics_url)
     log(f"{kind}: {len(requests)} requests at concurrency {args.concurrency}")
-    with GaugeSampler(metrics_url) as gauges:
-        s = run_load(kind, url, tokenizer, requests, args)
-    s.update(gauges.means())
-    time.sleep(METRICS_SETTLE_S)
-    s.update(engine_mix(before, scrape_engine_counters(metrics_url)))
+    s = measured_load(kind, url, tokenizer, requests, args, metrics_url)
     from tritongen.bench.results import format_summary
 
     print(format_summary(s), flush=True)

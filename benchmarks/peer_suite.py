@@ -190,16 +190,11 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
         if warm:
             s = gpu_serving.run_load("openai", server.url, tokenizer, warm, args)
             log(f"serving {side}: warm-up {s['completed']}/{len(warm)} ok")
-        metrics_url = server.url + "/metrics"
-        steps_before = gpu_serving.scrape_engine_counters(metrics_url) if side == "tritongen" else None
-        cpu_before = gpu_serving.process_cpu_seconds(server.proc.pid)
-        with gpu_serving.GaugeSampler(metrics_url, gpu_serving.PEER_GAUGE_SERIES) as gauges:
-            s = gpu_serving.run_load("openai", server.url, tokenizer, requests, args)
-        s.update(gauges.means())  # None where the server exports no such gauges (LMDeploy by default)
-        s.update(gpu_serving.front_cpu(server.proc.pid, cpu_before, s))
-        if steps_before is not None:
-            time.sleep(gpu_serving.METRICS_SETTLE_S)
-            s.update(gpu_serving.engine_mix(steps_before, gpu_serving.scrape_engine_counters(metrics_url)))
+        # The gauges under vLLM's names, which both servers export (None where a server exports none:
+        # LMDeploy by default); the step mix from our engine only.
+        s = gpu_serving.measured_load("openai", server.url, tokenizer, requests, args, server.url + "/metrics",
+                                      gpu_serving.PEER_GAUGE_SERIES, engine_steps=side == "tritongen",
+                                      server_pid=server.proc.pid)
         log(f"serving {side}: requests in the engine {gpu_serving._f(s.get('engine_running'))} running, "
             f"{gpu_serving._f(s.get('engine_waiting'))} waiting (mean); steps with prompt tokens "
             f"{gpu_serving._pct(s.get('prefill_step_share'))}, {gpu_serving._f(s.get('prefill_step_ms'), '.2f')} ms "
