@@ -3,15 +3,22 @@ sequences of `--prompt-len` tokens, all past their prefill when measured): for e
 (asynchronous scheduling, pipelined, sequential) profile decode steps and split the idle time of
 the GPU stream into small gaps (inside a CUDA graph) and large ones (the device waiting for the
 host), list the kernels by device time per step; also replay the batch-1 graph alone back to back (no
-host work at all).
+host work at all). `--mixed-prompt-len P` adds a new request of P prompt tokens (one output token)
+before every measured step, so each step is a mixed one: the batch's decode rows plus one prefill,
+as in serving, where about a fifth of the steps carry a prompt.
 
     PYTHONPATH=$PWD/src TRITONGEN_CACHE=$PWD/.gpu/tokcache python3 benchmarks/probes/gap_probe.py --model dummy:llama-2-7b
     ... --batch 128 --prompt-len 512 --modes async     # the decode steps of serving at concurrency 128
+    ... --batch 96 --prompt-len 256 --modes async --mixed-prompt-len 400   # serving's prefill steps
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import time
+import traceback
+import warnings
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -19,6 +26,34 @@ from torch.profiler import ProfilerActivity, profile
 from tritongen import LLM
 from tritongen.bench.offline import fixed_length_params
 from tritongen.bench.step_profile import device_gaps, host_breakdown, kernel_spans, kernel_table
+
+
+def synchronizing_calls(step, steps: int) -> str:
+    """Where the host waited for the device during `steps` steps (torch's sync debug mode), by the
+    stack of tritongen frames above the call, most frequent first."""
+    seen: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "tritongen" in f.filename or "probes" in f.filename]
+        seen[" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-4:]))] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for _ in range(steps):
+                    step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = shown
+    lines = [f"    synchronizing calls over {steps} steps: {sum(seen.values())}"]
+    lines += [f"      {n:4d}x {where}" for where, n in seen.most_common(12)]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -30,6 +65,10 @@ def main() -> None:
     ap.add_argument("--modes", default="async,pipelined,sequential", help="engine loops to profile, comma list")
     ap.add_argument("--batch", type=int, default=1, help="sequences decoding together")
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--mixed-prompt-len", type=int, default=0,
+                    help="a new prompt of this many tokens joins every measured step (0: decode only)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="after the profile, run the steps again and list where the host blocked on the device")
     args = ap.parse_args()
     if args.device == "cpu":
         torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
@@ -49,25 +88,38 @@ def main() -> None:
             eng.step()
             if all(eng.scheduler.requests[rid].num_output_tokens >= 10 for rid in names):
                 break
+        mixed = iter(range(10 ** 6))
+
+        def step() -> None:
+            if args.mixed_prompt_len:
+                k = next(mixed)
+                eng.add_request(f"{name}-mix-{k}", [200 + (k + j) % 1000 for j in range(args.mixed_prompt_len)],
+                                fixed_length_params(1))
+            eng.step()
+
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.steps):
-            eng.step()
+            step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) / args.steps * 1e3
         context = sum(eng.scheduler.requests[rid].num_tokens for rid in names) / len(names)
         with profile(activities=[ProfilerActivity.CUDA if args.device == "cuda" else ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                eng.step()
+                step()
             torch.cuda.synchronize()
         spans = kernel_spans(prof)
         g = device_gaps(spans, args.steps)
-        breakdown = host_breakdown(eng, args.steps)
+        breakdown = host_breakdown(eng, args.steps, step)
+        if args.sync_debug and args.device == "cuda":
+            print(synchronizing_calls(step, args.steps), flush=True)
         for rid in names:
             eng.abort(rid)
         while eng.has_unfinished():
             eng.step()
-        print(f"{name:10s} {len(names)} sequences, mean context {context:.0f} tokens at the profile's start", flush=True)
+        mix = f", a {args.mixed_prompt_len}-token prompt joining each step" if args.mixed_prompt_len else ""
+        print(f"{name:10s} {len(names)} sequences, mean context {context:.0f} tokens at the profile's start{mix}",
+              flush=True)
         print(f"{name:10s} wall {wall:.3f} ms/step | kernels {g['kernels_per_step']:.0f}/step busy {g['busy_ms']:.3f} ms"
               f" | gaps <5us {g['gap_lt5us_ms']:.3f} ms, 5-50us {g['gap_5_50us_ms']:.3f} ms, >=50us "
               f"{g['gap_ge50us_ms']:.3f} ms ({g['large_gaps_per_step']:.1f}/step)", flush=True)

@@ -99,16 +99,17 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
 
 def _attention_configs(dtype: str, hq: int, hk: int, d: int, window: bool = False, alibi: bool = False,
                        softcap: bool = False, fp8: bool = False) -> list[tuple]:
-    """The prefill kernel's decode and prefill tiles and the fused decode kernel at the most splits
+    """The prefill kernel's decode and prefill tiles (alone, and the two launches of a mixed batch) and the fused decode kernel at the most splits
     (RoPE families rotate and write; ALiBi ones write without rotary, or only read the cache);
     with `fp8`, over a float8 e4m3 KV cache."""
     out, group = [], hq // hk
     terms = dict(ALIBI=alibi, SOFTCAP=softcap, IEEE=dtype == "fp32", FP8=fp8)
     for use_window in (False, True) if window else (False,):
-        for block_m in (max(16, triton.next_power_of_2(group)), 64):  # decode, prefill tiles
+        small = max(16, triton.next_power_of_2(group))
+        for block_m, rows in ((small, 0), (64, 0), (small, 1), (max(small, 64), 2)):  # alone; in a mixed batch
             out.append((ta._paged_attn_kernel, dtype, dict(
                 GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
-                USE_WINDOW=use_window, **terms)))
+                USE_WINDOW=use_window, ROWS=rows, **terms)))
         for rotary, write in ((False, True), (False, False)) if alibi else ((True, True),):
             out.append((ta._decode_attn_kernel, dtype, dict(
                 GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),

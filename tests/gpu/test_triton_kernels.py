@@ -399,6 +399,37 @@ def test_rotary_and_cached_attention_take_the_fused_kernel_for_decode_batches_on
             torch.testing.assert_close(kv_got, kv_ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("seqs, launches", [
+    ([(1, 40), (1, 9)], [(16, 0)]),                        # decode only (unsplit): one launch of the small tile
+    ([(7, 7), (20, 50)], [(64, 0)]),                       # prompts only: one launch of 64-row tiles
+    ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2)]),  # mixed: decode rows apart
+])
+def test_mixed_batches_attend_decode_rows_in_their_own_launch(seqs, launches, monkeypatch):
+    """A prefill among decodes launches the kernel twice, (block_m, rows): the single-token
+    sequences in small tiles, the prompts in 64-row tiles, each launch skipping the other kind;
+    together they write every row, as the reference computes it."""
+    from tritongen.ops import triton_attention as ta
+
+    h, hkv, d, bs = 4, 4, 32, 16
+    q, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, torch.float32, seed=3)
+    assert meta.num_single_token_seqs == sum(1 for n, _ in seqs if n == 1)
+    seen = []
+    tiles = ta._paged_tiles
+    monkeypatch.setattr(ta, "decode_splits", lambda *a: 1)  # a batch this small would split its decode
+    monkeypatch.setattr(ta, "_paged_tiles", lambda *a, **k: seen.append((a[9], a[10])) or tiles(*a, **k))
+    got = ta.paged_attention_triton(q, kv, meta, d ** -0.5)
+    assert seen == launches
+    expected = reference.paged_attention_ref(q, kv, meta, d ** -0.5)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+    single = torch.cat([torch.full((n,), n == 1) for n, _ in seqs]).to(DEVICE)
+    for block_m, rows in launches:  # each launch alone writes its own kind's rows and no others
+        out = torch.zeros_like(q)
+        tiles(q, kv, meta, out, d ** -0.5, None, None, None, 64, block_m, rows)
+        mine = {0: torch.ones_like(single), 1: single, 2: ~single}[rows]
+        torch.testing.assert_close(out[mine], expected[mine], atol=2e-5, rtol=2e-5)
+        assert not out[~mine].any()
+
+
 def test_cpu_tensors_take_the_reference_whatever_the_metadata_names():
     from tritongen.ops import attention
 

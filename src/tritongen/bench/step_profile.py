@@ -51,8 +51,9 @@ def kernel_table(kernels, steps: int, top: int = 14) -> str:
     return "\n".join(lines)
 
 
-def host_breakdown(eng, steps: int) -> str:
-    """Host ms/step inside each phase of the loop (perf_counter around the engine's calls)."""
+def host_breakdown(eng, steps: int, step=None) -> str:
+    """Host ms/step inside each phase of the loop (perf_counter around the engine's calls) over
+    `steps` calls of `step` (default eng.step)."""
     import functools
 
     spent: Counter = Counter()
@@ -98,7 +99,7 @@ def host_breakdown(eng, steps: int) -> str:
     for _ in range(steps):
         spent["step()"] -= 0
         s0 = time.perf_counter()
-        eng.step()
+        (step or eng.step)()
         spent["step()"] += time.perf_counter() - s0
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0

@@ -80,6 +80,12 @@ class AttentionMetadata:
         starts = self.query_start_loc_cpu
         return max((b - a for a, b in zip(starts, starts[1:])), default=0)
 
+    @cached_property
+    def num_single_token_seqs(self) -> int:
+        """Sequences feeding one query token this step (decodes)."""
+        starts = self.query_start_loc_cpu
+        return sum(1 for a, b in zip(starts, starts[1:]) if b - a == 1)
+
     @property
     def max_seq_len(self) -> int:
         return max(self.seq_lens_cpu, default=0)
