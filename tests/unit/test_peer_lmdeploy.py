@@ -218,6 +218,33 @@ def test_ceilings_are_measured_in_a_child_process_that_takes_its_memory_with_it(
     assert out["bandwidth"] > 0 and out["flops"] > 0
 
 
+def test_the_worker_asks_for_cuda_only_in_the_child(monkeypatch) -> None:
+    """After torch.cuda.is_available() in the worker, vLLM's forked engine core cannot use CUDA
+    ("Cannot re-initialize CUDA in forked subprocess"), so the worker leaves even that question to
+    the child: without CUDA (this machine) the child answers None."""
+    import torch
+
+    from tritongen.bench import peers
+
+    if subprocess_has_cuda():
+        pytest.skip("with CUDA the child measures for minutes; the question is the same")
+
+    def touched() -> bool:
+        raise AssertionError("the worker asked torch about CUDA before the peer's engine started")
+
+    monkeypatch.setattr(torch.cuda, "is_available", touched)
+    monkeypatch.setattr(torch.cuda, "device_count", touched)
+    assert peers._ceilings("bfloat16") is None
+
+
+def subprocess_has_cuda() -> bool:
+    import subprocess
+    import sys
+
+    code = "import torch; print(torch.cuda.is_available())"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "True"
+
+
 def test_a_failing_ceiling_measurement_says_why() -> None:
     from tritongen.bench.peers import ceilings_in_child
 

@@ -296,24 +296,24 @@ def run_worker(name: str, plan: dict) -> dict:
 def _ceilings(dtype: str) -> Optional[dict]:
     """This GPU's measured copy bandwidth (read + write) and GEMM rate in `dtype`, the Hardware the
     table's floors use (an H100's are not DESIGN.md's H200 ones); None without CUDA. Measured in a
-    child process: a peer sizes its KV cache from the device's total memory (vLLM's
-    gpu_memory_utilization), and the 4.7 GB this process kept after measuring in place (the copy
-    buffers and the CUDA context) made vLLM's offline run go out of memory on an H100."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
+    child process, which also asks whether there is CUDA, so this one touches no GPU before the
+    peer's engine starts: a peer sizes its KV cache from the device's total memory (vLLM's
+    gpu_memory_utilization), and the 4.7 GB a measurement in place kept made vLLM's offline run go
+    out of memory on an H100; and after even `torch.cuda.is_available()` here, a forked child
+    cannot use CUDA, which vLLM's engine core (forked unless CUDA is initialized here) met."""
     measured = ceilings_in_child(dtype, "cuda", 4 << 30, 8192)
-    return {"bandwidth": measured["bandwidth"], "flops": measured["flops"]}
+    return None if measured is None else {"bandwidth": measured["bandwidth"], "flops": measured["flops"]}
 
 
-def ceilings_in_child(dtype: str, device: str, copy_bytes: int, gemm_n: int) -> dict:
+def ceilings_in_child(dtype: str, device: str, copy_bytes: int, gemm_n: int) -> Optional[dict]:
     """measure_ceilings in a fresh Python process (this one's interpreter and sys.path), so that
-    none of the device memory it takes stays with the caller; its answer plus the child's pid."""
+    none of the device memory it takes stays with the caller; its answer plus the child's pid, or
+    None when `device` is cuda and the child finds none."""
     import subprocess
 
-    code = ("import json, os, sys; from tritongen.bench.peers import measure_ceilings; "
-            "print(json.dumps({**measure_ceilings(*sys.argv[1:3], *map(int, sys.argv[3:])), 'pid': os.getpid()}))")
+    code = ("import json, os, sys, torch; from tritongen.bench.peers import measure_ceilings; "
+            "print(json.dumps(None if sys.argv[2] == 'cuda' and not torch.cuda.is_available() else "
+            "{**measure_ceilings(*sys.argv[1:3], *map(int, sys.argv[3:])), 'pid': os.getpid()}))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     done = subprocess.run([sys.executable, "-c", code, dtype, device, str(copy_bytes), str(gemm_n)],
                           capture_output=True, text=True, env=env, timeout=600)
