@@ -26,6 +26,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tritongen.ops import triton_allreduce as tar  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
+from tritongen.ops import triton_kv_write as tkw  # noqa: E402
 from tritongen.ops import triton_elementwise as te  # noqa: E402
 from tritongen.ops import triton_fp8 as tf8  # noqa: E402
 from tritongen.ops import triton_fp8_quant as tfq  # noqa: E402
@@ -60,7 +61,7 @@ FP8_CACHE_POINTERS = {"_paged_attn_kernel": {"K", "V"}, "_decode_attn_kernel": {
 SHARED_MEMORY_LIMIT = 232448  # bytes per block on sm_90 (H100/H200), what the launch checks
 FLOAT32_POINTERS = {"COS", "SIN", "PART_M", "PART_L", "PART_ACC", "PART", "SLOPES"}  # rope, split scratch, ALiBi
 INT64_POINTERS = {"SLOTS", "BUF_PTRS", "FLAG_PTRS"}  # + symmetric-memory addresses
-INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "COUNTS", "COUNT", "EPOCH"}
+INT32_POINTERS = {"BT", "SEQ_LENS", "QSL", "SEQ_MAP", "COUNTS", "COUNT", "EPOCH"}
 # kernels whose last program reduces the splits' partials -> the constexpr that counts the splits
 LAST_PROGRAM_REDUCES = {"_skinny_gemm_kernel": "SPLIT_K", "_decode_attn_kernel": "NUM_SPLITS",
                         "_fp8_weight_gemm": "SPLIT_K", "_fp8_tokens_gemm": "SPLIT_K"}
@@ -99,17 +100,20 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict:
 
 def _attention_configs(dtype: str, hq: int, hk: int, d: int, window: bool = False, alibi: bool = False,
                        softcap: bool = False, fp8: bool = False) -> list[tuple]:
-    """The prefill kernel's decode and prefill tiles (alone, and the two launches of a mixed batch) and the fused decode kernel at the most splits
+    """The prefill kernel's decode and prefill tiles (alone, the two launches of a mixed batch, the
+    mapped prompt launch of a mixed step's graph) and the fused decode kernel at the most splits
     (RoPE families rotate and write; ALiBi ones write without rotary, or only read the cache);
     with `fp8`, over a float8 e4m3 KV cache."""
     out, group = [], hq // hk
     terms = dict(ALIBI=alibi, SOFTCAP=softcap, IEEE=dtype == "fp32", FP8=fp8)
     for use_window in (False, True) if window else (False,):
         small = max(16, triton.next_power_of_2(group))
-        for block_m, rows in ((small, 0), (64, 0), (small, 1), (max(small, 64), 2)):  # alone; in a mixed batch
+        # alone; in a mixed batch; in a mixed step's CUDA graph (the prompts from SEQ_MAP)
+        for block_m, rows, mapped in ((small, 0, False), (64, 0, False), (small, 1, False),
+                                      (max(small, 64), 2, False), (max(small, 64), 2, True)):
             out.append((ta._paged_attn_kernel, dtype, dict(
                 GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=64, PAGE=16,
-                USE_WINDOW=use_window, ROWS=rows, **terms)))
+                USE_WINDOW=use_window, ROWS=rows, MAPPED=mapped, **terms)))
         for rotary, write in ((False, True), (False, False)) if alibi else ((True, True),):
             out.append((ta._decode_attn_kernel, dtype, dict(
                 GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=max(16, triton.next_power_of_2(group)),
@@ -128,8 +132,8 @@ def configs() -> list[tuple]:
             rope = dict(HQ=hq, HK=hk, BLOCK_H=bh, HALF=half, BLOCK_HALF=triton.next_power_of_2(half))
             out.append((te._rotary_kernel, dtype, rope))
             for fp8 in (False, True) if (hq, hk) == (32, 8) else (False,):  # fp8 KV cache: Llama-3-8B
-                out.append((ta._rotary_write_kv_kernel, dtype, dict(rope, FP8=fp8)))
-                out.append((ta._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
+                out.append((tkw._rotary_write_kv_kernel, dtype, dict(rope, FP8=fp8)))
+                out.append((tkw._write_kv_kernel, dtype, dict(NUM_HEADS=hk, BLOCK_H=triton.next_power_of_2(hk),
                                                              HEAD_DIM=d, BLOCK_D=d, FP8=fp8)))
                 out += _attention_configs(dtype, hq, hk, d, window=(hq, hk) == (32, 8), fp8=fp8)
         if dtype == "bf16":

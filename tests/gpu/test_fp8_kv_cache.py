@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 
 from tritongen.ops import reference  # noqa: E402
 from tritongen.ops import triton_attention as ta  # noqa: E402
+from tritongen.ops import triton_kv_write as tkw  # noqa: E402
 from tritongen.ops.attention_metadata import FP8_KV_DTYPE, set_kv_cache_scales  # noqa: E402
 from tritongen.ops.triton_elementwise import apply_rotary  # noqa: E402
 from test_triton_kernels import CASES, DECODE_CASES, _qkv_case, _random_case  # noqa: E402
@@ -75,11 +76,11 @@ def test_write_stores_the_reference_bits(dtype, scales):
     cache = _fp8_cache(kv.float(), scales)
     want = _same_cache(cache, cache)
     reference.write_kv_cache_ref(k, v, want, meta.slot_mapping)
-    ta.write_kv_cache_triton(k, v, cache, meta.slot_mapping)
+    tkw.write_kv_cache_triton(k, v, cache, meta.slot_mapping)
     assert torch.equal(cache.view(torch.uint8), want.view(torch.uint8))
     assert _deq(cache).abs().max() <= 448 * max(scales)
     before = cache.clone()
-    ta.write_kv_cache_triton(k, v, cache, torch.full_like(meta.slot_mapping, -1))  # padding rows write nothing
+    tkw.write_kv_cache_triton(k, v, cache, torch.full_like(meta.slot_mapping, -1))  # padding rows write nothing
     assert torch.equal(cache.view(torch.uint8), before.view(torch.uint8))
 
 
@@ -91,7 +92,7 @@ def test_rotary_write_stores_the_quantized_rotary_keys(dtype):
     cache = _fp8_cache(kv.float(), SCALES[1])
     want = _same_cache(cache, cache)
     want_q, want_k = apply_rotary(q, k, cos, sin)
-    got_q = ta.rotary_write_kv_triton(q, k, v, cos, sin, cache, meta.slot_mapping)
+    got_q = tkw.rotary_write_kv_triton(q, k, v, cos, sin, cache, meta.slot_mapping)
     assert torch.equal(got_q, want_q)
     if INTERPRET:
         pytest.skip("the interpreter mis-rounds float32 -> e4m3 where the rounding carries")
@@ -141,9 +142,9 @@ def test_fused_decode_with_an_fp8_cache(case, splits, dtype, rotary, alibi, soft
     cache = _fp8_cache(kv.float(), SCALES[1])
     two_step, want, before = (_same_cache(cache, cache) for _ in range(3))
     if rotary:
-        ta.rotary_write_kv_triton(q, k, v, cos, sin, two_step, meta.slot_mapping)
+        tkw.rotary_write_kv_triton(q, k, v, cos, sin, two_step, meta.slot_mapping)
     else:
-        ta.write_kv_cache_triton(k, v, two_step, meta.slot_mapping)
+        tkw.write_kv_cache_triton(k, v, two_step, meta.slot_mapping)
     got = ta.decode_attention_triton(q, k, v, cos, sin, cache, meta, d ** -0.5, window, slopes, softcap)
     assert torch.equal(cache.view(torch.uint8), two_step.view(torch.uint8))
     flat = cache.view(torch.uint8).view(2, -1, hkv, d)

@@ -19,7 +19,9 @@ pytest.importorskip("triton")
 
 from tritongen.ops import reference  # noqa: E402
 from tritongen.ops.attention import build_attention_metadata  # noqa: E402
-from tritongen.ops.triton_attention import paged_attention_triton, write_kv_cache_triton  # noqa: E402
+from tritongen.ops import triton_kv_write as tkw  # noqa: E402
+from tritongen.ops.triton_attention import paged_attention_triton  # noqa: E402
+from tritongen.ops.triton_kv_write import write_kv_cache_triton  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 CASES = [  # (num_heads, num_kv_heads, head_dim, block_size, [(q_len, seq_len), ...], window)
@@ -247,7 +249,7 @@ def test_write_kv_with_strided_views_of_a_fused_qkv():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_rotary_and_kv_write_match_the_two_reference_ops(case, dtype):
     """q, k, v as strided views of one fused qkv output, one padding row (slot -1)."""
-    from tritongen.ops.triton_attention import rotary_write_kv_triton
+    from tritongen.ops.triton_kv_write import rotary_write_kv_triton
 
     if INTERPRET and dtype is torch.bfloat16:
         pytest.skip("the interpreter computes bf16 through numpy float32; covered on CUDA")
@@ -328,9 +330,9 @@ def test_fused_decode_attention_matches_the_reference_path(case, splits, dtype, 
     reference.write_kv_cache_ref(want_k, v, kv_ref, meta.slot_mapping)
     expected = reference.paged_attention_ref(want_q, kv_ref, meta, d ** -0.5, window, slopes, softcap)
     if rotary:
-        ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
+        tkw.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
     else:
-        ta.write_kv_cache_triton(k, v, kv_two_step, meta.slot_mapping)
+        tkw.write_kv_cache_triton(k, v, kv_two_step, meta.slot_mapping)
     got = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, d ** -0.5, window, slopes, softcap)
     assert torch.equal(kv, kv_two_step)
     assert torch.equal(kv.view(2, -1, hkv, d)[:, pad_slot], before.view(2, -1, hkv, d)[:, pad_slot])
@@ -430,6 +432,38 @@ def test_mixed_batches_attend_decode_rows_in_their_own_launch(seqs, launches, mo
         assert not out[~mine].any()
 
 
+@pytest.mark.parametrize("case", [(4, 4, 32, 16), (8, 2, 64, 16)])
+def test_a_mixed_graphs_padded_layout_attends_as_the_eager_batch(case):
+    """The metadata a mixed step's CUDA graph replays (runner/mixed_graph.py): tokens padded past
+    the last sequence, sequence slots without queries, the prompts listed in prompt_seqs (-1
+    padded) and host lists that only shape the launches (one slot of every row). The real rows get
+    what the unpadded batch gets from the reference (padding rows are never written: row-wise
+    layers after attention keep them apart)."""
+    from tritongen.ops.attention import AttentionMetadata
+    from tritongen.runner.mixed_graph import MAX_PROMPTS
+
+    h, hkv, d, bs = case
+    seqs = [(1, 40), (7, 7)] + [(1, 5 + i) for i in range(7)] + [(20, 50), (1, 3)]  # a prompt past MAX_PROMPTS
+    q, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, torch.float32, seed=5)
+    n, tokens, slots = q.shape[0], 64, 13
+    qsl = meta.query_start_loc_cpu + [n] * (slots - len(seqs))
+    lens = meta.seq_lens_cpu + [0] * (slots - len(seqs))
+    tables = torch.cat([meta.block_tables, torch.zeros(slots - len(seqs), meta.block_tables.shape[1],
+                                                       dtype=torch.int32, device=DEVICE)])
+    prompts = [i for i, (k, _) in enumerate(seqs) if k > 1]
+    padded = AttentionMetadata(
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=DEVICE),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE), block_tables=tables,
+        query_start_loc_cpu=[0] + [tokens] * slots, seq_lens_cpu=[tokens] + [0] * (slots - 1), block_size=bs,
+        backend="triton", prompt_seqs=torch.tensor(prompts + [-1] * (MAX_PROMPTS - len(prompts)),
+                                                   dtype=torch.int32, device=DEVICE))
+    q_pad = torch.cat([q, torch.randn(tokens - n, h, d, device=DEVICE)])
+    got = paged_attention_triton(q_pad, kv, padded, d ** -0.5)
+    expected = reference.paged_attention_ref(q, kv, meta, d ** -0.5)
+    torch.testing.assert_close(got[:n], expected, atol=2e-5, rtol=2e-5)
+
+
 def test_cpu_tensors_take_the_reference_whatever_the_metadata_names():
     from tritongen.ops import attention
 
@@ -469,7 +503,7 @@ def test_fused_decode_is_deterministic_across_runs_and_graph_replays():
     q, k, v, cos, sin, kv, meta, _ = _qkv_case(32, 32, 128, 16, [(1, 4000)], torch.bfloat16, pad=False)
     assert ta.decode_splits(1, 32) == 16
     kv_two_step = kv.clone()
-    q_rot = ta.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
+    q_rot = tkw.rotary_write_kv_triton(q, k, v, cos, sin, kv_two_step, meta.slot_mapping)
     first = ta.decode_attention_triton(q, k, v, cos, sin, kv, meta, 128 ** -0.5)
     assert torch.equal(kv, kv_two_step)
     torch.testing.assert_close(first.float(), reference.paged_attention_ref(q_rot, kv, meta, 128 ** -0.5).float(),

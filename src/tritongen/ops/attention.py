@@ -76,10 +76,11 @@ def select_attention_backend(name: str, device: torch.device) -> str:
 
 
 def triton_backend() -> AttentionBackend:
-    """The Triton kernels (ops/triton_attention.py); imported on first use."""
+    """The Triton kernels (ops/triton_attention.py, ops/triton_kv_write.py); imported on first use."""
     from tritongen.ops import triton_attention as ta
+    from tritongen.ops import triton_kv_write as tkw
 
-    return AttentionBackend(ta.write_kv_cache_triton, ta.paged_attention_triton, ta.rotary_write_kv_triton,
+    return AttentionBackend(tkw.write_kv_cache_triton, ta.paged_attention_triton, tkw.rotary_write_kv_triton,
                             ta.decode_attention_triton)
 
 

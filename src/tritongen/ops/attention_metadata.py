@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -70,6 +70,10 @@ class AttentionMetadata:
     backend: str = "reference"
     """The attention implementation CUDA tensors of this step take (ops.attention's registry): the
     engine's choice, so two engines in one process may differ. CPU tensors always take the reference."""
+    prompt_seqs: Optional[torch.Tensor] = None
+    """[K] int32 on device, or None: the sequences of several query tokens, -1 padded. Set in a
+    mixed step's CUDA graph (runner/mixed_graph.py), whose padded layout keeps query_start_loc and
+    max_query_len fixed across replays: the Triton backend then attends prompts only in these."""
 
     @property
     def num_seqs(self) -> int:

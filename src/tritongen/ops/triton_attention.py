@@ -1,5 +1,6 @@
-"""Triton-language kernels for the paged KV cache: KV write, one attention kernel for prefill and
-chunked prefill (extend over a cached prefix), and one fused kernel for decode.
+"""Triton-language attention over the paged KV cache: one kernel for prefill and chunked prefill
+(extend over a cached prefix), and one fused kernel for decode (the step's KV writes alone are in
+ops/triton_kv_write.py).
 
 One program handles one sequence, one KV head and a tile of query rows. Rows pack
 (query token, query head of the KV head's group), so GQA loads each KV tile once for the whole
@@ -36,76 +37,10 @@ import triton
 import triton.language as tl
 
 from tritongen.ops.attention_metadata import AttentionMetadata, is_fp8_cache, kv_cache_scales
-from tritongen.ops.triton_elementwise import rope_row, rotate_heads
+from tritongen.ops.triton_elementwise import rope_row
 from tritongen.ops.triton_gemv import split_workspace
 from tritongen.ops.triton_kv_fp8 import from_cache, inverse_scales, rotate_keys_into_cache, to_cache
-
-
-@triton.jit
-def _write_kv_kernel(K, V, KC, VC, SLOTS, k_inv, v_inv, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-                     stride_ch, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_D: tl.constexpr, FP8: tl.constexpr):
-    t = tl.program_id(0)
-    slot = tl.load(SLOTS + t)
-    if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
-        h = tl.arange(0, BLOCK_H)[:, None]
-        d = tl.arange(0, BLOCK_D)[None, :]
-        ok = (d < HEAD_DIM) & (h < NUM_HEADS)
-        dst = slot.to(tl.int64) * stride_cs + h * stride_ch + d
-        # k and v may have different strides (v can be a view into a fused qkv output).
-        tl.store(KC + dst, to_cache(tl.load(K + t * stride_kt + h * stride_kh + d, mask=ok), k_inv, FP8), mask=ok)
-        tl.store(VC + dst, to_cache(tl.load(V + t * stride_vt + h * stride_vh + d, mask=ok), v_inv, FP8), mask=ok)
-
-
-def write_kv_cache_triton(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    T, H, D = k.shape
-    if T == 0:
-        return
-    kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
-    _write_kv_kernel[(T,)](k, v, kc, vc, slot_mapping, *inverse_scales(kv_cache), k.stride(0), k.stride(1),
-                           v.stride(0), v.stride(1), kc.stride(1), kc.stride(2),
-                           NUM_HEADS=H, BLOCK_H=triton.next_power_of_2(H), HEAD_DIM=D,
-                           BLOCK_D=triton.next_power_of_2(D), FP8=is_fp8_cache(kv_cache))
-
-
-@triton.jit
-def _rotary_write_kv_kernel(Q, K, V, COS, SIN, QO, KC, VC, SLOTS, k_inv, v_inv, stride_qt, stride_qh, stride_kt,
-                            stride_kh, stride_vt, stride_vh, stride_c, stride_cs, stride_ch,
-                            HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
-                            BLOCK_HALF: tl.constexpr, FP8: tl.constexpr):
-    t = tl.program_id(0)
-    h, d, cos, sin = rope_row(COS, SIN, t, stride_c, BLOCK_H, HALF, BLOCK_HALF)
-    # rotated q is contiguous [T, HQ, 2*HALF]
-    rotate_heads(Q + t * stride_qt, QO + t * (HQ * 2 * HALF), cos, sin, stride_qh, 2 * HALF, h, d, HQ, HALF)
-    slot = tl.load(SLOTS + t)
-    if slot >= 0:  # negative slots are padding rows (CUDA-graph batches)
-        dst = slot.to(tl.int64) * stride_cs
-        rotate_keys_into_cache(K + t * stride_kt, KC + dst, cos, sin, stride_kh, stride_ch, h, d, k_inv, HK, HALF,
-                                FP8)
-        ok = (h < HK) & (d < HALF)
-        for half in tl.static_range(2):
-            src = V + t * stride_vt + h * stride_vh + half * HALF + d
-            tl.store(VC + dst + h * stride_ch + half * HALF + d, to_cache(tl.load(src, mask=ok), v_inv, FP8),
-                     mask=ok)
-
-
-def rotary_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-    """Rotary on q and k, and the KV-cache write of the rotated k and of v, in one launch (the
-    rotated k never goes through memory on its own). Returns the rotated q, contiguous [T, Hq, D].
-    Numerics as ops/triton_elementwise's rotary: float32, rounded once."""
-    T, hq, d = q.shape
-    hk = k.shape[1]
-    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if T:
-        cos, sin = cos.contiguous(), sin.contiguous()
-        kc, vc = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, H, D], contiguous slots
-        _rotary_write_kv_kernel[(T,)](
-            q, k, v, cos, sin, qo, kc, vc, slot_mapping, *inverse_scales(kv_cache), q.stride(0), q.stride(1),
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), kc.stride(1), kc.stride(2),
-            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=d // 2,
-            BLOCK_HALF=triton.next_power_of_2(d // 2), FP8=is_fp8_cache(kv_cache))
-    return qo
+from tritongen.ops.triton_kv_write import rotary_write_kv_triton, write_kv_cache_triton
 
 
 @triton.jit
@@ -160,19 +95,24 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
 
 @triton.jit
 def _paged_attn_kernel(
-    Q, K, V, O, BT, SEQ_LENS, QSL, SLOPES, scale, window, softcap, k_scale, v_scale,
+    Q, K, V, O, BT, SEQ_LENS, QSL, SEQ_MAP, SLOPES, scale, window, softcap, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, USE_WINDOW: tl.constexpr, ALIBI: tl.constexpr,
-    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr,
+    SOFTCAP: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr, MAPPED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     tile = tl.program_id(2)
     TOKS: tl.constexpr = BLOCK_M // GROUP
+    mapped_out = False
+    if MAPPED:  # program i takes the sequence SEQ_MAP[i] (-1: none)
+        seq = tl.load(SEQ_MAP + seq)
+        mapped_out = seq < 0
+        seq = tl.maximum(seq, 0)
     q_start = tl.load(QSL + seq)
     q_len = tl.load(QSL + seq + 1) - q_start
-    skip = tile * TOKS >= q_len
+    skip = (tile * TOKS >= q_len) | mapped_out
     if ROWS == 1:  # this launch takes the sequences of one query token only
         skip = skip | (q_len != 1)
     if ROWS == 2:  # ... or only those of several
@@ -443,40 +383,44 @@ def _paged_launch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     single-token rows the smallest tile (16 rows, or the GQA group). A batch of both (a prompt
     joining a decode batch, a fifth of serving's steps) launches twice, each launch skipping the
     other kind's sequences: one launch of 64-row tiles for all (7B, 96 decodes at ~290 tokens and a
-    400-token prompt, H100) took 8.14 ms of attention a step, the two 7.14 ms (decodes alone: 5.32)."""
+    400-token prompt, H100) took 8.14 ms of attention a step, the two 7.14 ms (decodes alone: 5.32).
+    With meta.prompt_seqs (a mixed step's CUDA graph) the second launch covers only the sequences
+    it lists."""
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     small = max(16, triton.next_power_of_2(group))
-    if meta.max_query_len == 1:
-        launches = [(small, 0)]
+    if meta.prompt_seqs is not None:
+        launches = [(small, 1, None), (max(small, 64), 2, meta.prompt_seqs)]
+    elif meta.max_query_len == 1:
+        launches = [(small, 0, None)]
     elif meta.num_single_token_seqs == 0:
-        launches = [(max(small, 64), 0)]
+        launches = [(max(small, 64), 0, None)]
     else:
-        launches = [(small, 1), (max(small, 64), 2)]
-    for block_m, rows in launches:
+        launches = [(small, 1, None), (max(small, 64), 2, None)]
+    for block_m, rows, seq_map in launches:
         _paged_tiles(q, kv_cache, meta, out, scale, sliding_window, alibi_slopes, logit_softcap, block_n, block_m,
-                     rows, **launch)
+                     rows, seq_map, **launch)
 
 
 def _paged_tiles(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor, scale: float,
                  sliding_window: Optional[int], alibi_slopes: Optional[torch.Tensor], logit_softcap: Optional[float],
-                 block_n: int, block_m: int, rows: int, **launch) -> None:
+                 block_n: int, block_m: int, rows: int, seq_map: Optional[torch.Tensor] = None, **launch) -> None:
     """One launch of _paged_attn_kernel: tiles of block_m rows; rows 0 all sequences, 1 those of
-    one query token, 2 those of several."""
+    one query token, 2 those of several; over the sequences seq_map lists when given."""
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     tiles = 1 if rows == 1 else triton.cdiv(meta.max_query_len, block_m // group)
-    grid = (meta.seq_lens.shape[0], num_kv_heads, tiles)
+    grid = (meta.seq_lens.shape[0] if seq_map is None else seq_map.shape[0], num_kv_heads, tiles)
     _paged_attn_kernel[grid](
-        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc, alibi_slopes,
+        q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc, seq_map, alibi_slopes,
         scale, sliding_window or 0, float(logit_softcap or 1.0), *kv_cache_scales(kv_cache),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
         GROUP=group, HEAD_DIM=q.shape[2], BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])),
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE=meta.block_size, USE_WINDOW=bool(sliding_window),
         ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
-        FP8=is_fp8_cache(kv_cache), ROWS=rows, **launch,
+        FP8=is_fp8_cache(kv_cache), ROWS=rows, MAPPED=seq_map is not None, **launch,
     )
 
 

@@ -21,6 +21,7 @@ from tritongen.ops.attention_metadata import set_kv_cache_scales
 from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
+from tritongen.runner.mixed_graph import maybe_build_mixed_graphs
 from tritongen.runner.kv_cache import checkpoint_kv_scales, resolve_kv_cache_dtype
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
@@ -115,6 +116,10 @@ class ModelRunner:
             self.graphs = maybe_build_graphs(self.model, self.kv_caches, self.device, model_config.enforce_eager,
                                              self.attention_backend, scheduler_config.max_num_seqs, max_len,
                                              self.block_size)
+            self.mixed_graphs = maybe_build_mixed_graphs(
+                self.model, self.kv_caches, model_config.mixed_cuda_graphs, self.graphs is not None,
+                self.arch.num_experts > 0, shard is not None and shard.world_size > 1,
+                scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs, max_len, self.block_size)
         tokens = self.num_blocks * self.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s, %s; room for %.1f "
                     "sequences of %d tokens at once", self.num_blocks, self.block_size, tokens,
@@ -262,6 +267,13 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(sched.seqs):
             hidden = self.graphs.run(sched.seqs, previous)  # pure decode: every row samples, in order
             return self._sample(self.model.compute_logits(hidden), sched.seqs)
+        tokens = self.mixed_graphs.bucket(sched.seqs) if self.mixed_graphs is not None else None
+        if tokens is not None:
+            hidden, rows = self.mixed_graphs.run(sched.seqs, tokens, previous)
+            sampling = [s for s in sched.seqs if s.do_sample]
+            if not sampling:
+                return lambda: ModelOutput(sampled_token_ids=[])
+            return self._sample(self.model.compute_logits(hidden[rows]), sampling)
         batch = self._prepare(sched)
         if previous is not None:  # the decode rows come first, one token each
             batch.input_ids[: previous.shape[0]].copy_(previous)

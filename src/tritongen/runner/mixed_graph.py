@@ -1,0 +1,177 @@
+"""CUDA graphs for mixed steps: prompt tokens beside decode rows, one graph per token bucket.
+
+A step that carries a prompt runs eagerly unless captured: ~380 launches of a 7B model from Python.
+In serving at concurrency 128 such steps are a fifth of all and a third of the time, and their
+launch alone took 36 ms of host time on an H100 machine with a slow host, twice the GPU's work. Here
+the flat batch is laid out as the eager step lays it out (sequences in order, their tokens
+concatenated) and padded: tokens up to the bucket (slot -1, so they write no KV, belonging to no
+sequence), sequence slots up to max_num_seqs (no query tokens). Attention takes its launch shape
+from the capture: single-token sequences over every slot, prompts over `prompt_seqs` (up to
+MAX_PROMPTS of them, -1 padded) in tiles up to the bucket's length; each program finds its real
+extent on the device and the rest exit at once.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tritongen.ops.attention import AttentionMetadata
+from tritongen.types import ScheduledSeq
+
+logger = logging.getLogger(__name__)
+
+MAX_PROMPTS = 8
+"""Sequences of several tokens a mixed graph takes; a step with more runs eagerly."""
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Padded step sizes: every 32 tokens to 1024, every 128 to 2048 (a 400-token prompt and 96
+    decodes pad 496 rows to 512), capped at max_tokens."""
+    sizes = list(range(32, 1025, 32)) + list(range(1152, 2049, 128))
+    return [s for s in sizes if s < max_tokens] + [min(max_tokens, 2048)]
+
+
+@dataclass
+class MixedLayout:
+    """Host arrays of one step in a graph of `tokens` token rows and `slots` sequence slots."""
+    ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    prompt_seqs: list[int]
+    logits_rows: list[int]
+    """Row of each sampling sequence's last token, in the step's order."""
+
+
+def mixed_layout(seqs: list[ScheduledSeq], tokens: int, slots: int, block_size: int) -> MixedLayout:
+    """The eager step's flat layout, padded to `tokens` rows and `slots` sequences."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slot_mapping: list[int] = []
+    qsl = [0]
+    seq_lens: list[int] = []
+    prompts: list[int] = []
+    logits_rows: list[int] = []
+    for i, s in enumerate(seqs):
+        ids.extend(s.token_ids)
+        pos = range(s.start_pos, s.seq_len)
+        positions.extend(pos)
+        slot_mapping.extend(s.block_table[p // block_size] * block_size + p % block_size for p in pos)
+        qsl.append(qsl[-1] + s.num_new_tokens)
+        seq_lens.append(s.seq_len)
+        if s.num_new_tokens > 1:
+            prompts.append(i)
+        if s.do_sample:
+            logits_rows.append(qsl[-1] - 1)
+    pad = tokens - len(ids)
+    if pad < 0 or len(seqs) > slots or len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"a step of {len(ids)} tokens, {len(seqs)} sequences and {len(prompts)} prompts "
+                         f"does not fit a graph of {tokens} tokens, {slots} sequences, {MAX_PROMPTS} prompts")
+    empty = slots - len(seqs)
+    return MixedLayout(ids + [0] * pad, positions + [0] * pad, slot_mapping + [-1] * pad,
+                       qsl + [qsl[-1]] * empty, seq_lens + [0] * empty,
+                       prompts + [-1] * (MAX_PROMPTS - len(prompts)), logits_rows)
+
+
+class MixedGraphs:
+    def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_tokens: int, max_seqs: int,
+                 max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.sizes = token_buckets(max_tokens)
+        self.slots = max_seqs
+        self.width = max_blocks_per_seq
+        t, n, dev = self.sizes[-1], max_seqs, device
+        self.input_ids = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((t,), -1, dtype=torch.int64, device=dev)
+        self.query_start_loc = torch.zeros(n + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(n, self.width, dtype=torch.int32, device=dev)
+        self.prompt_seqs = torch.full((MAX_PROMPTS,), -1, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def _meta(self, tokens: int) -> AttentionMetadata:
+        # Host lists only shape the launches: one slot with all `tokens` rows makes the prompt
+        # launch's tile count cover the longest prompt the bucket holds.
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:tokens], query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens, block_tables=self.block_tables,
+            query_start_loc_cpu=[0] + [tokens] * self.slots, seq_lens_cpu=[tokens] + [0] * (self.slots - 1),
+            block_size=self.block_size, backend="triton", prompt_seqs=self.prompt_seqs)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for t in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
+            meta = self._meta(t)
+            self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)  # compile kernels
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[t] = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
+            pool = graph.pool()
+            self.graphs[t] = graph
+        torch.cuda.synchronize()
+        logger.info("captured mixed-step CUDA graphs for %d token buckets up to %d", len(self.sizes), self.sizes[-1])
+
+    def bucket(self, seqs: list[ScheduledSeq]) -> Optional[int]:
+        """The token bucket this step replays in, or None (eager): too many tokens, sequences or
+        prompts, a block table past the width, or prompt logprobs (they read every row)."""
+        n = sum(s.num_new_tokens for s in seqs)
+        if (not seqs or n > self.sizes[-1] or len(seqs) > self.slots
+                or sum(1 for s in seqs if s.num_new_tokens > 1) > MAX_PROMPTS
+                or any(len(s.block_table) > self.width or s.params.prompt_logprobs is not None for s in seqs)):
+            return None
+        return next(t for t in self.sizes if t >= n)
+
+    def run(self, seqs: list[ScheduledSeq], tokens: int,
+            input_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states [tokens, hidden], the rows of the sampling sequences' last tokens on the
+        device); `input_ids` (on the device) replace the first rows' tokens (an asynchronous step)."""
+        lay = mixed_layout(seqs, tokens, self.slots, self.block_size)
+        width = max(len(s.block_table) for s in seqs)
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        flat = torch.tensor([lay.ids, lay.positions, lay.slot_mapping], dtype=torch.int64).pin_memory()
+        small = torch.tensor(lay.query_start_loc + lay.seq_lens + lay.prompt_seqs, dtype=torch.int32).pin_memory()
+        n = self.slots
+        self.input_ids[:tokens].copy_(flat[0], non_blocking=True)
+        self.positions[:tokens].copy_(flat[1], non_blocking=True)
+        self.slot_mapping[:tokens].copy_(flat[2], non_blocking=True)
+        self.query_start_loc.copy_(small[: n + 1], non_blocking=True)
+        self.seq_lens.copy_(small[n + 1: 2 * n + 1], non_blocking=True)
+        self.prompt_seqs.copy_(small[2 * n + 1:], non_blocking=True)
+        # Columns past `width` and rows past len(seqs) keep stale block ids: the kernels read only
+        # pages below each row's seq_len, and those slots have no query tokens.
+        self.block_tables[: len(seqs), :width].copy_(torch.tensor(rows, dtype=torch.int32).pin_memory(),
+                                                     non_blocking=True)
+        if input_ids is not None:
+            self.input_ids[: input_ids.shape[0]].copy_(input_ids)
+        logits_rows = torch.tensor(lay.logits_rows, dtype=torch.int64).pin_memory().to(self.input_ids.device,
+                                                                                        non_blocking=True)
+        self.graphs[tokens].replay()
+        return self.outputs[tokens], logits_rows
+
+
+def maybe_build_mixed_graphs(model: torch.nn.Module, kv_caches: list[torch.Tensor], enabled: bool,
+                             decode_graphs: bool, moe: bool, tensor_parallel: bool, max_num_batched_tokens: int,
+                             max_num_seqs: int, max_model_len: int, block_size: int) -> Optional[MixedGraphs]:
+    """Mixed-step graphs when asked for and they can work: where decode steps have graphs (CUDA,
+    the Triton attention backend, not enforce_eager), on one GPU, for a dense model (an MoE
+    layer's routing shapes its launches from the host)."""
+    if not enabled:
+        return None
+    if not decode_graphs or moe or tensor_parallel:
+        logger.warning("mixed-step CUDA graphs need decode graphs (CUDA, Triton attention, not enforce_eager), "
+                       "one GPU and a dense model; mixed steps run eagerly")
+        return None
+    graphs = MixedGraphs(model, kv_caches, max_num_batched_tokens, max_num_seqs, -(-max_model_len // block_size),
+                         block_size, kv_caches[0].device)
+    graphs.capture()
+    return graphs
