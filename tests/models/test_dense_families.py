@@ -112,6 +112,24 @@ def test_phi3_long_prompt_uses_long_factors_per_sequence(default_model_dir, tmp_
                                                                    / torch.log(torch.tensor(64.0)).item()) ** 0.5)
 
 
+def test_phi3_long_tokens_follow_each_rows_sequence_from_device_metadata() -> None:
+    """LongRoPE's per-row choice reads only device tensors (a mixed step's CUDA graph replays other
+    batches): rows of a sequence past original_max_position_embeddings (64) rotate long, the rest
+    short, with empty sequence slots between them and padding rows after them."""
+    from tritongen.models.phi3 import LongRoPE
+    from tritongen.ops.attention import AttentionMetadata
+
+    rope = LongRoPE(read_arch("dummy:tiny-phi3"))
+    qsl, lens = [0, 3, 3, 8, 9, 9], [100, 0, 5, 65, 0]  # 3 rows of a long one, an empty slot, 5 short, 1 long
+    meta = AttentionMetadata(slot_mapping=torch.zeros(12, dtype=torch.int64),
+                             query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+                             seq_lens=torch.tensor(lens, dtype=torch.int32),
+                             block_tables=torch.zeros(5, 1, dtype=torch.int32),
+                             query_start_loc_cpu=[0, 12, 12, 12, 12, 12], seq_lens_cpu=[12, 0, 0, 0, 0], block_size=4)
+    got = rope.long_tokens(torch.arange(12), meta)
+    assert got[:9].tolist() == [True] * 3 + [False] * 5 + [True]
+
+
 # -- Baichuan: hand-written checkpoints, HF Llama references --------------------------------------
 
 class _IdentityRotary(torch.nn.Module):

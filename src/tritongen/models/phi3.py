@@ -50,11 +50,12 @@ class LongRoPE(nn.Module):
         step exceeds original_max_position_embeddings)."""
         if attn.max_query_len == 1:  # each token is its sequence's last: context = position + 1
             return positions >= self.original_max
-        starts, flags = attn.query_start_loc_cpu, []
-        for i, seq_len in enumerate(attn.seq_lens_cpu):
-            flags += [seq_len > self.original_max] * (starts[i + 1] - starts[i])
-        flags += [False] * (positions.shape[0] - len(flags))  # padding rows
-        return torch.tensor(flags, dtype=torch.bool).to(positions.device, non_blocking=True)
+        # From the device metadata only (a mixed step's CUDA graph replays other batches): each
+        # row's sequence is the last with query_start_loc <= row (empty slots are skipped; rows
+        # past the last sequence, padding, take the last slot, and nothing reads them).
+        rows = torch.arange(positions.shape[0], dtype=attn.query_start_loc.dtype, device=positions.device)
+        seq = torch.searchsorted(attn.query_start_loc, rows, right=True) - 1
+        return attn.seq_lens[seq.clamp(0, attn.seq_lens.shape[0] - 1)] > self.original_max
 
     def forward(self, positions: torch.Tensor, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         cos_s, sin_s = reference.rope_cos_sin(positions, self.short_inv_freq)
