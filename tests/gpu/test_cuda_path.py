@@ -116,20 +116,23 @@ def test_launching_a_step_never_waits_for_the_device():
 
 def test_mixed_step_graphs_give_the_eager_tokens():
     """--mixed-cuda-graphs: prompts chunked at 32 tokens a step beside decodes replay the mixed
-    graphs (counted), and every request's greedy tokens and logprobs are the eager engine's."""
+    graphs (counted), and every request's greedy tokens and logprobs are the eager engine's (whose
+    mixed steps list their prompts for the attention too), whose tokens are the CPU reference's."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    kw = dict(dtype="float32", device="cuda", block_size=16, num_blocks=256, max_num_batched_tokens=32)
-    graphs = LLM("dummy:tiny-llama", mixed_cuda_graphs=True, **kw)
-    eager = LLM("dummy:tiny-llama", enforce_eager=True, **kw)
+    kw = dict(dtype="float32", block_size=16, num_blocks=256, max_num_batched_tokens=32)
+    graphs = LLM("dummy:tiny-llama", device="cuda", mixed_cuda_graphs=True, **kw)
+    eager = LLM("dummy:tiny-llama", device="cuda", enforce_eager=True, **kw)
+    cpu = LLM("dummy:tiny-llama", device="cpu", **kw)
     eager.engine.runner.model.load_state_dict(graphs.engine.runner.model.state_dict())
+    cpu.engine.runner.model.load_state_dict({k: v.cpu() for k, v in graphs.engine.runner.model.state_dict().items()})
     mixed = graphs.engine.runner.mixed_graphs
     assert mixed is not None and mixed.sizes == [32]
     replays = []
     run = mixed.run
     mixed.run = lambda seqs, tokens, ids=None: replays.append(tokens) or run(seqs, tokens, ids)
     prompts = PROMPTS + [list(range(300, 377))]
-    got, want = graphs.generate(prompts, GREEDY), eager.generate(prompts, GREEDY)
+    got, want, ref = (llm.generate(prompts, GREEDY) for llm in (graphs, eager, cpu))
     assert len(replays) >= 3
-    for g, e in zip(got, want):
-        assert g.token_ids == e.token_ids
+    for g, e, c in zip(got, want, ref):
+        assert g.token_ids == e.token_ids == c.token_ids
         assert max(abs(a.logprob - b.logprob) for a, b in zip(g.logprobs, e.logprobs)) < 1e-4

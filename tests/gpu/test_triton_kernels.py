@@ -405,22 +405,29 @@ def test_rotary_and_cached_attention_take_the_fused_kernel_for_decode_batches_on
     ([(1, 40), (1, 9)], [(16, 0)]),                        # decode only (unsplit): one launch of the small tile
     ([(7, 7), (20, 50)], [(64, 0)]),                       # prompts only: one launch of 64-row tiles
     ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2)]),  # mixed: decode rows apart
+    ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2, 2)]),  # ... the prompts' launch over the 2 listed
 ])
 def test_mixed_batches_attend_decode_rows_in_their_own_launch(seqs, launches, monkeypatch):
-    """A prefill among decodes launches the kernel twice, (block_m, rows): the single-token
-    sequences in small tiles, the prompts in 64-row tiles, each launch skipping the other kind;
-    together they write every row, as the reference computes it."""
+    """A prefill among decodes launches the kernel twice, (block_m, rows[, programs over the listed
+    prompts]): the single-token sequences in small tiles, the prompts in 64-row tiles, each launch
+    skipping the other kind; together they write every row, as the reference computes it. With
+    the prompts listed (prompt_seqs, as the runner sets it), their launch covers only them."""
     from tritongen.ops import triton_attention as ta
 
     h, hkv, d, bs = 4, 4, 32, 16
     q, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, torch.float32, seed=3)
     assert meta.num_single_token_seqs == sum(1 for n, _ in seqs if n == 1)
+    if len(launches[-1]) == 3:
+        meta.prompt_seqs = torch.tensor([i for i, (n, _) in enumerate(seqs) if n > 1], dtype=torch.int32,
+                                        device=DEVICE)
     seen = []
     tiles = ta._paged_tiles
     monkeypatch.setattr(ta, "decode_splits", lambda *a: 1)  # a batch this small would split its decode
-    monkeypatch.setattr(ta, "_paged_tiles", lambda *a, **k: seen.append((a[9], a[10])) or tiles(*a, **k))
+    monkeypatch.setattr(ta, "_paged_tiles", lambda *a, **k: seen.append(
+        (a[9], a[10]) if a[11] is None else (a[9], a[10], a[11].shape[0])) or tiles(*a, **k))
     got = ta.paged_attention_triton(q, kv, meta, d ** -0.5)
     assert seen == launches
+    launches = [launch[:2] for launch in launches]
     expected = reference.paged_attention_ref(q, kv, meta, d ** -0.5)
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
     single = torch.cat([torch.full((n,), n == 1) for n, _ in seqs]).to(DEVICE)

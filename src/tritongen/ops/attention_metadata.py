@@ -71,9 +71,10 @@ class AttentionMetadata:
     """The attention implementation CUDA tensors of this step take (ops.attention's registry): the
     engine's choice, so two engines in one process may differ. CPU tensors always take the reference."""
     prompt_seqs: Optional[torch.Tensor] = None
-    """[K] int32 on device, or None: the sequences of several query tokens, -1 padded. Set in a
-    mixed step's CUDA graph (runner/mixed_graph.py), whose padded layout keeps query_start_loc and
-    max_query_len fixed across replays: the Triton backend then attends prompts only in these."""
+    """[K] int32 on device, or None: the sequences of several query tokens (-1: none), set for a
+    batch that also has single-token ones: the Triton backend attends prompts in a launch over only
+    these. A mixed step's CUDA graph (runner/mixed_graph.py) pads it, and its host lists only shape
+    the launches."""
 
     @property
     def num_seqs(self) -> int:

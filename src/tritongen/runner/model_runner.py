@@ -230,6 +230,8 @@ class ModelRunner:
             tables.append(table + [0] * (max_blocks - len(table)))
             if s.do_sample:
                 logits_idx.append(qsl[-1] - 1)
+        prompts = [i for i, s in enumerate(sched.seqs) if s.num_new_tokens > 1]
+        mixed = 0 < len(prompts) < len(sched.seqs) and self.device.type == "cuda"
         attn = AttentionMetadata(
             slot_mapping=self._to_device(slots, torch.int64),
             query_start_loc=self._to_device(qsl, torch.int32),
@@ -239,6 +241,7 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             block_size=bs,
             backend=self.attention_backend,
+            prompt_seqs=self._to_device(prompts, torch.int32) if mixed else None,  # the prompts' launch takes only them
         )
         return _Batch(self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64),
                       attn, self._to_device(logits_idx, torch.int64))
