@@ -1,6 +1,6 @@
-"""Mixed-step CUDA graphs (runner/mixed_graph.py) on CPU: the padded layout a graph replays is the
-eager step's layout plus rows and slots that change nothing, checked through the real model with
-the reference attention. The capture itself needs CUDA (tests/gpu/test_mixed_graph_cuda.py)."""
+"""Mixed-step CUDA graphs (runner/mixed_graph.py) on CPU: the padded layout a graph replays
+(runner/step_layout.py) is the eager step's layout plus rows and slots that change nothing, checked
+through the real model with the reference attention. The capture itself needs CUDA (tests/gpu/test_mixed_graph_cuda.py)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,8 @@ import torch
 
 from tritongen import LLM
 from tritongen.ops.attention import AttentionMetadata
-from tritongen.runner.mixed_graph import MAX_PROMPTS, MixedGraphs, mixed_layout, token_buckets
+from tritongen.runner.mixed_graph import MAX_PROMPTS, MixedGraphs, token_buckets
+from tritongen.runner.step_layout import step_layout
 from tritongen.types import SamplingParams, ScheduledSeq, SchedulerOutput
 
 BS = 4
@@ -24,23 +25,24 @@ def seq(rid: str, start: int, n: int, blocks: list[int], sample: bool = True, **
 
 def test_buckets_step_by_32_then_128_and_end_at_the_budget() -> None:
     assert token_buckets(2048)[:3] == [32, 64, 96] and token_buckets(2048)[-3:] == [1792, 1920, 2048]
-    assert token_buckets(8192)[-1] == 2048  # larger steps run eagerly
+    assert token_buckets(8192)[-1] == 2048 and len(set(token_buckets(8192))) == 40  # larger steps run eagerly
     assert token_buckets(500) == [*range(32, 500, 32), 500]
 
 
 def test_layout_pads_tokens_without_slots_and_sequences_without_queries() -> None:
     seqs = [seq("a", 9, 1, [2, 5, 7]), seq("b", 0, 5, [4, 6], sample=False), seq("c", 3, 1, [1])]
-    lay = mixed_layout(seqs, tokens=12, slots=5, block_size=BS)
+    assert step_layout(seqs, BS).ids == seqs[0].token_ids + seqs[1].token_ids + seqs[2].token_ids  # unpadded
+    lay = step_layout(seqs, BS, tokens=12, slots=5)
     assert lay.ids[:7] == seqs[0].token_ids + seqs[1].token_ids + seqs[2].token_ids and lay.ids[7:] == [0] * 5
     assert lay.positions[:7] == [9, 0, 1, 2, 3, 4, 3]
     assert lay.slot_mapping == [7 * BS + 1, 4 * BS, 4 * BS + 1, 4 * BS + 2, 4 * BS + 3, 6 * BS, 1 * BS + 3] + [-1] * 5
     assert lay.query_start_loc == [0, 1, 6, 7, 7, 7] and lay.seq_lens == [10, 5, 4, 0, 0]
-    assert lay.prompt_seqs == [1] + [-1] * (MAX_PROMPTS - 1)
+    assert lay.prompt_seqs == [1]
     assert lay.logits_rows == [0, 6]  # b's chunk does not sample
     with pytest.raises(ValueError, match="does not fit"):
-        mixed_layout(seqs, tokens=6, slots=5, block_size=BS)
+        step_layout(seqs, BS, tokens=6, slots=5)
     with pytest.raises(ValueError, match="does not fit"):
-        mixed_layout(seqs, tokens=12, slots=2, block_size=BS)
+        step_layout(seqs, BS, tokens=12, slots=2)
 
 
 def test_bucket_takes_the_smallest_that_fits_and_leaves_the_rest_eager() -> None:
@@ -71,7 +73,7 @@ def test_the_padded_layout_computes_the_eager_rows(tokens: int, slots: int) -> N
         written = [kv.clone() for kv in runner.kv_caches]
         for kv, s0 in zip(runner.kv_caches, start):  # each layout from the same cache
             kv.copy_(s0)
-        lay = mixed_layout(seqs, tokens, slots, BS)
+        lay = step_layout(seqs, BS, tokens, slots)
         width = max(len(s.block_table) for s in seqs)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(lay.slot_mapping),

@@ -8,7 +8,7 @@ KV, and a context of one token), then replays the smallest graph that fits.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -21,6 +21,26 @@ logger = logging.getLogger(__name__)
 def batch_size_ladder(max_batch: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 129, 16)) + list(range(160, 513, 32))
     return [s for s in sizes if s <= max_batch] or [1]
+
+
+@torch.inference_mode()
+def capture_ladder(sizes: list[int], forward: Callable[[int], torch.Tensor]
+                   ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """One graph of forward(size) per size, with its output tensor: largest first, so the smaller
+    graphs reuse its memory pool; each size runs once before its capture (kernels compile)."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    pool = None
+    for size in sorted(sizes, reverse=True):
+        forward(size)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[size] = forward(size)
+        pool = graph.pool()
+        graphs[size] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 class DecodeGraphs:
@@ -49,19 +69,9 @@ class DecodeGraphs:
             query_start_loc_cpu=list(range(g + 1)), seq_lens_cpu=[1] * g, block_size=self.block_size,
             backend="triton")  # maybe_build_graphs builds graphs for the Triton backend only
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = None
-        for g in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            meta = self._meta(g)
-            self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, meta)  # compile kernels
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[g] = self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, meta)
-            pool = graph.pool()
-            self.graphs[g] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs = capture_ladder(
+            self.sizes, lambda g: self.model(self.input_ids[:g], self.positions[:g], self.kv_caches, self._meta(g)))
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     def can_run(self, seqs: list[ScheduledSeq]) -> bool:

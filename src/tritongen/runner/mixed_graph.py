@@ -3,8 +3,8 @@
 A step that carries a prompt runs eagerly unless captured: ~380 launches of a 7B model from Python.
 In serving at concurrency 128 such steps are a fifth of all and a third of the time, and their
 launch alone took 36 ms of host time on an H100 machine with a slow host, twice the GPU's work. Here
-the flat batch is laid out as the eager step lays it out (sequences in order, their tokens
-concatenated) and padded: tokens up to the bucket (slot -1, so they write no KV, belonging to no
+the flat batch is laid out as the eager step lays it out (runner/step_layout.py: sequences in
+order, their tokens concatenated) and padded: tokens up to the bucket (slot -1, so they write no KV, belonging to no
 sequence), sequence slots up to max_num_seqs (no query tokens). Attention takes its launch shape
 from the capture: single-token sequences over every slot, prompts over `prompt_seqs` (up to
 MAX_PROMPTS of them, -1 padded) in tiles up to the bucket's length; each program finds its real
@@ -13,12 +13,13 @@ extent on the device and the rest exit at once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from tritongen.ops.attention import AttentionMetadata
+from tritongen.runner.cuda_graph import capture_ladder
+from tritongen.runner.step_layout import step_layout
 from tritongen.types import ScheduledSeq
 
 logger = logging.getLogger(__name__)
@@ -30,51 +31,8 @@ MAX_PROMPTS = 8
 def token_buckets(max_tokens: int) -> list[int]:
     """Padded step sizes: every 32 tokens to 1024, every 128 to 2048 (a 400-token prompt and 96
     decodes pad 496 rows to 512), capped at max_tokens."""
-    sizes = list(range(32, 1025, 32)) + list(range(1152, 2049, 128))
-    return [s for s in sizes if s < max_tokens] + [min(max_tokens, 2048)]
-
-
-@dataclass
-class MixedLayout:
-    """Host arrays of one step in a graph of `tokens` token rows and `slots` sequence slots."""
-    ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    query_start_loc: list[int]
-    seq_lens: list[int]
-    prompt_seqs: list[int]
-    logits_rows: list[int]
-    """Row of each sampling sequence's last token, in the step's order."""
-
-
-def mixed_layout(seqs: list[ScheduledSeq], tokens: int, slots: int, block_size: int) -> MixedLayout:
-    """The eager step's flat layout, padded to `tokens` rows and `slots` sequences."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    qsl = [0]
-    seq_lens: list[int] = []
-    prompts: list[int] = []
-    logits_rows: list[int] = []
-    for i, s in enumerate(seqs):
-        ids.extend(s.token_ids)
-        pos = range(s.start_pos, s.seq_len)
-        positions.extend(pos)
-        slot_mapping.extend(s.block_table[p // block_size] * block_size + p % block_size for p in pos)
-        qsl.append(qsl[-1] + s.num_new_tokens)
-        seq_lens.append(s.seq_len)
-        if s.num_new_tokens > 1:
-            prompts.append(i)
-        if s.do_sample:
-            logits_rows.append(qsl[-1] - 1)
-    pad = tokens - len(ids)
-    if pad < 0 or len(seqs) > slots or len(prompts) > MAX_PROMPTS:
-        raise ValueError(f"a step of {len(ids)} tokens, {len(seqs)} sequences and {len(prompts)} prompts "
-                         f"does not fit a graph of {tokens} tokens, {slots} sequences, {MAX_PROMPTS} prompts")
-    empty = slots - len(seqs)
-    return MixedLayout(ids + [0] * pad, positions + [0] * pad, slot_mapping + [-1] * pad,
-                       qsl + [qsl[-1]] * empty, seq_lens + [0] * empty,
-                       prompts + [-1] * (MAX_PROMPTS - len(prompts)), logits_rows)
+    top = min(max_tokens, 2048)
+    return [s for s in list(range(32, 1025, 32)) + list(range(1152, 2049, 128)) if s < top] + [top]
 
 
 class MixedGraphs:
@@ -106,19 +64,9 @@ class MixedGraphs:
             query_start_loc_cpu=[0] + [tokens] * self.slots, seq_lens_cpu=[tokens] + [0] * (self.slots - 1),
             block_size=self.block_size, backend="triton", prompt_seqs=self.prompt_seqs)
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = None
-        for t in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            meta = self._meta(t)
-            self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)  # compile kernels
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[t] = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
-            pool = graph.pool()
-            self.graphs[t] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs = capture_ladder(
+            self.sizes, lambda t: self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._meta(t)))
         logger.info("captured mixed-step CUDA graphs for %d token buckets up to %d", len(self.sizes), self.sizes[-1])
 
     def bucket(self, seqs: list[ScheduledSeq]) -> Optional[int]:
@@ -135,11 +83,12 @@ class MixedGraphs:
             input_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden states [tokens, hidden], the rows of the sampling sequences' last tokens on the
         device); `input_ids` (on the device) replace the first rows' tokens (an asynchronous step)."""
-        lay = mixed_layout(seqs, tokens, self.slots, self.block_size)
+        lay = step_layout(seqs, self.block_size, tokens, self.slots)
         width = max(len(s.block_table) for s in seqs)
         rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
         flat = torch.tensor([lay.ids, lay.positions, lay.slot_mapping], dtype=torch.int64).pin_memory()
-        small = torch.tensor(lay.query_start_loc + lay.seq_lens + lay.prompt_seqs, dtype=torch.int32).pin_memory()
+        prompts = lay.prompt_seqs + [-1] * (MAX_PROMPTS - len(lay.prompt_seqs))
+        small = torch.tensor(lay.query_start_loc + lay.seq_lens + prompts, dtype=torch.int32).pin_memory()
         n = self.slots
         self.input_ids[:tokens].copy_(flat[0], non_blocking=True)
         self.positions[:tokens].copy_(flat[1], non_blocking=True)

@@ -22,6 +22,7 @@ from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
 from tritongen.runner.mixed_graph import maybe_build_mixed_graphs
+from tritongen.runner.step_layout import step_layout
 from tritongen.runner.kv_cache import checkpoint_kv_scales, resolve_kv_cache_dtype
 from tritongen.runner.sampler import Sampler
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
@@ -210,41 +211,24 @@ class ModelRunner:
         return t.to(self.device, non_blocking=True)
 
     def _prepare(self, sched: SchedulerOutput) -> _Batch:
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        logits_idx: list[int] = []
+        lay = step_layout(sched.seqs, self.block_size)
         max_blocks = max(len(s.block_table) for s in sched.seqs)
-        tables: list[list[int]] = []
-        for s in sched.seqs:
-            input_ids.extend(s.token_ids)
-            pos = range(s.start_pos, s.seq_len)
-            positions.extend(pos)
-            table = s.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            qsl.append(qsl[-1] + s.num_new_tokens)
-            seq_lens.append(s.seq_len)
-            tables.append(table + [0] * (max_blocks - len(table)))
-            if s.do_sample:
-                logits_idx.append(qsl[-1] - 1)
-        prompts = [i for i, s in enumerate(sched.seqs) if s.num_new_tokens > 1]
-        mixed = 0 < len(prompts) < len(sched.seqs) and self.device.type == "cuda"
+        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.seqs]
+        # A batch of prompts and decodes lists its prompts: their attention launch covers only them.
+        mixed = 0 < len(lay.prompt_seqs) < len(sched.seqs) and self.device.type == "cuda"
         attn = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.int64),
-            query_start_loc=self._to_device(qsl, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
+            slot_mapping=self._to_device(lay.slot_mapping, torch.int64),
+            query_start_loc=self._to_device(lay.query_start_loc, torch.int32),
+            seq_lens=self._to_device(lay.seq_lens, torch.int32),
             block_tables=self._to_device(tables, torch.int32),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=seq_lens,
-            block_size=bs,
+            query_start_loc_cpu=lay.query_start_loc,
+            seq_lens_cpu=lay.seq_lens,
+            block_size=self.block_size,
             backend=self.attention_backend,
-            prompt_seqs=self._to_device(prompts, torch.int32) if mixed else None,  # the prompts' launch takes only them
+            prompt_seqs=self._to_device(lay.prompt_seqs, torch.int32) if mixed else None,
         )
-        return _Batch(self._to_device(input_ids, torch.int64), self._to_device(positions, torch.int64),
-                      attn, self._to_device(logits_idx, torch.int64))
+        return _Batch(self._to_device(lay.ids, torch.int64), self._to_device(lay.positions, torch.int64),
+                      attn, self._to_device(lay.logits_rows, torch.int64))
 
     @property
     def asynchronous(self) -> bool:
