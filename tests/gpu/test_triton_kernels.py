@@ -404,22 +404,19 @@ def test_rotary_and_cached_attention_take_the_fused_kernel_for_decode_batches_on
 @pytest.mark.parametrize("seqs, launches", [
     ([(1, 40), (1, 9)], [(16, 0)]),                        # decode only (unsplit): one launch of the small tile
     ([(7, 7), (20, 50)], [(64, 0)]),                       # prompts only: one launch of 64-row tiles
-    ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2)]),  # mixed: decode rows apart
-    ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2, 2)]),  # ... the prompts' launch over the 2 listed
+    ([(1, 40), (7, 7), (1, 9), (20, 50)], [(16, 1), (64, 2, 2)]),  # mixed: decode rows apart, the 2 prompts listed
 ])
 def test_mixed_batches_attend_decode_rows_in_their_own_launch(seqs, launches, monkeypatch):
     """A prefill among decodes launches the kernel twice, (block_m, rows[, programs over the listed
-    prompts]): the single-token sequences in small tiles, the prompts in 64-row tiles, each launch
-    skipping the other kind; together they write every row, as the reference computes it. With
-    the prompts listed (prompt_seqs, as the runner sets it), their launch covers only them."""
+    prompts]): the single-token sequences in small tiles, the prompts in 64-row tiles over only
+    the sequences the metadata lists (prompt_seqs, set for batches of both kinds), each launch
+    skipping the other kind; together they write every row, as the reference computes it."""
     from tritongen.ops import triton_attention as ta
 
     h, hkv, d, bs = 4, 4, 32, 16
     q, _, _, kv, meta = _random_case(h, hkv, d, bs, seqs, torch.float32, seed=3)
-    assert meta.num_single_token_seqs == sum(1 for n, _ in seqs if n == 1)
-    if len(launches[-1]) == 3:
-        meta.prompt_seqs = torch.tensor([i for i, (n, _) in enumerate(seqs) if n > 1], dtype=torch.int32,
-                                        device=DEVICE)
+    mixed = any(n == 1 for n, _ in seqs) and any(n > 1 for n, _ in seqs)
+    assert (meta.prompt_seqs is None) != mixed
     seen = []
     tiles = ta._paged_tiles
     monkeypatch.setattr(ta, "decode_splits", lambda *a: 1)  # a batch this small would split its decode

@@ -72,9 +72,9 @@ class AttentionMetadata:
     engine's choice, so two engines in one process may differ. CPU tensors always take the reference."""
     prompt_seqs: Optional[torch.Tensor] = None
     """[K] int32 on device, or None: the sequences of several query tokens (-1: none), set for a
-    batch that also has single-token ones: the Triton backend attends prompts in a launch over only
-    these. A mixed step's CUDA graph (runner/mixed_graph.py) pads it, and its host lists only shape
-    the launches."""
+    batch that also has single-token ones (mixed_prompt_seqs): the Triton backend then attends the
+    single-token sequences in one launch and the prompts in another over only these. A mixed
+    step's CUDA graph (runner/mixed_graph.py) pads it, and its host lists only shape the launches."""
 
     @property
     def num_seqs(self) -> int:
@@ -85,15 +85,15 @@ class AttentionMetadata:
         starts = self.query_start_loc_cpu
         return max((b - a for a, b in zip(starts, starts[1:])), default=0)
 
-    @cached_property
-    def num_single_token_seqs(self) -> int:
-        """Sequences feeding one query token this step (decodes)."""
-        starts = self.query_start_loc_cpu
-        return sum(1 for a, b in zip(starts, starts[1:]) if b - a == 1)
-
     @property
     def max_seq_len(self) -> int:
         return max(self.seq_lens_cpu, default=0)
+
+
+def mixed_prompt_seqs(query_lens: Sequence[int]) -> list[int]:
+    """The sequences of several query tokens when the batch also has single-token ones, else []."""
+    prompts = [i for i, n in enumerate(query_lens) if n > 1]
+    return prompts if any(n == 1 for n in query_lens) else []
 
 
 def build_attention_metadata(
@@ -114,6 +114,7 @@ def build_attention_metadata(
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(seq_len - q_len, seq_len))
     width = max((len(t) for t in block_tables), default=0)
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    prompts = mixed_prompt_seqs(query_lens)
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
@@ -123,4 +124,5 @@ def build_attention_metadata(
         seq_lens_cpu=list(seq_lens),
         block_size=block_size,
         backend=backend,
+        prompt_seqs=torch.tensor(prompts, dtype=torch.int32, device=device) if prompts else None,
     )

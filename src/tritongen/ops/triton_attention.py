@@ -384,9 +384,9 @@ def _paged_launch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     joining a decode batch, a fifth of serving's steps) launches twice, each launch skipping the
     other kind's sequences: one launch of 64-row tiles for all (7B, 96 decodes at ~290 tokens and a
     400-token prompt, H100) took 8.14 ms of attention a step, the two 7.14 ms (decodes alone: 5.32).
-    With meta.prompt_seqs (the runner lists a mixed batch's prompts, as a mixed step's CUDA graph
-    does) the second launch's programs cover only those, not every sequence times the longest
-    prompt's tiles (97 x 32 x 7 programs for one 400-token prompt, all but 224 exiting at once)."""
+    The batch's metadata lists the prompts (prompt_seqs, set for batches of both kinds), so the
+    second launch's programs cover only them, not every sequence times the longest prompt's tiles
+    (97 x 32 x 7 programs for one 400-token prompt, all but 224 exiting at once)."""
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     small = max(16, triton.next_power_of_2(group))
@@ -394,10 +394,8 @@ def _paged_launch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
         launches = [(small, 1, None), (max(small, 64), 2, meta.prompt_seqs)]
     elif meta.max_query_len == 1:
         launches = [(small, 0, None)]
-    elif meta.num_single_token_seqs == 0:
+    else:  # prompts only (or a mixed batch whose metadata lists none: correct, in 64-row tiles)
         launches = [(max(small, 64), 0, None)]
-    else:
-        launches = [(small, 1, None), (max(small, 64), 2, None)]
     for block_m, rows, seq_map in launches:
         _paged_tiles(q, kv_cache, meta, out, scale, sliding_window, alibi_slopes, logit_softcap, block_n, block_m,
                      rows, seq_map, **launch)

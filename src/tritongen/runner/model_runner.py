@@ -17,7 +17,7 @@ from tritongen.models.arch import ModelArch
 from tritongen.models.loader import load_model
 from tritongen.ops import kernels
 from tritongen.ops.attention import AttentionMetadata, select_attention_backend
-from tritongen.ops.attention_metadata import set_kv_cache_scales
+from tritongen.ops.attention_metadata import mixed_prompt_seqs, set_kv_cache_scales
 from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
@@ -212,10 +212,9 @@ class ModelRunner:
 
     def _prepare(self, sched: SchedulerOutput) -> _Batch:
         lay = step_layout(sched.seqs, self.block_size)
+        prompts = mixed_prompt_seqs([s.num_new_tokens for s in sched.seqs])  # their own attention launch
         max_blocks = max(len(s.block_table) for s in sched.seqs)
         tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.seqs]
-        # A batch of prompts and decodes lists its prompts: their attention launch covers only them.
-        mixed = 0 < len(lay.prompt_seqs) < len(sched.seqs) and self.device.type == "cuda"
         attn = AttentionMetadata(
             slot_mapping=self._to_device(lay.slot_mapping, torch.int64),
             query_start_loc=self._to_device(lay.query_start_loc, torch.int32),
@@ -225,7 +224,7 @@ class ModelRunner:
             seq_lens_cpu=lay.seq_lens,
             block_size=self.block_size,
             backend=self.attention_backend,
-            prompt_seqs=self._to_device(lay.prompt_seqs, torch.int32) if mixed else None,
+            prompt_seqs=self._to_device(prompts, torch.int32) if prompts else None,
         )
         return _Batch(self._to_device(lay.ids, torch.int64), self._to_device(lay.positions, torch.int64),
                       attn, self._to_device(lay.logits_rows, torch.int64))
