@@ -21,10 +21,10 @@ from tritongen.ops.attention_metadata import mixed_prompt_seqs, set_kv_cache_sca
 from tritongen.ops.fp8 import Fp8Linear
 from tritongen.parallel import symmetric
 from tritongen.runner.cuda_graph import maybe_build_graphs
-from tritongen.runner.mixed_graph import maybe_build_mixed_graphs
-from tritongen.runner.step_layout import step_layout
 from tritongen.runner.kv_cache import checkpoint_kv_scales, resolve_kv_cache_dtype
+from tritongen.runner.mixed_graph import maybe_build_mixed_graphs
 from tritongen.runner.sampler import Sampler
+from tritongen.runner.step_layout import step_layout
 from tritongen.types import ModelOutput, SchedulerOutput, TokenLogprob
 
 if TYPE_CHECKING:
