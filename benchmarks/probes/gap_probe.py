@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import time
 import traceback
 import warnings
@@ -37,20 +38,15 @@ def synchronizing_calls(step, steps: int) -> str:
         frames = [f for f in traceback.extract_stack()[:-1] if "tritongen" in f.filename or "probes" in f.filename]
         seen[" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-4:]))] += 1
 
-    shown = warnings.showwarning
-    warnings.showwarning = record
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                for _ in range(steps):
-                    step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = shown
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     lines = [f"    synchronizing calls over {steps} steps: {sum(seen.values())}"]
     lines += [f"      {n:4d}x {where}" for where, n in seen.most_common(12)]
     return "\n".join(lines)
@@ -90,7 +86,7 @@ def main() -> None:
             eng.step()
             if all(eng.scheduler.requests[rid].num_output_tokens >= 10 for rid in names):
                 break
-        mixed = iter(range(10 ** 6))
+        mixed = itertools.count()
 
         def step() -> None:
             if args.mixed_prompt_len:

@@ -39,6 +39,7 @@ def test_layout_pads_tokens_without_slots_and_sequences_without_queries() -> Non
     assert lay.query_start_loc == [0, 1, 6, 7, 7, 7] and lay.seq_lens == [10, 5, 4, 0, 0]
     assert lay.prompt_seqs == [1]
     assert lay.logits_rows == [0, 6]  # b's chunk does not sample
+    assert lay.block_tables == [[2, 5, 7], [4, 6, 0], [1, 0, 0]]  # the real sequences', to the widest
     with pytest.raises(ValueError, match="does not fit"):
         step_layout(seqs, BS, tokens=6, slots=5)
     with pytest.raises(ValueError, match="does not fit"):

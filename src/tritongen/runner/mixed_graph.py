@@ -84,8 +84,7 @@ class MixedGraphs:
         """(hidden states [tokens, hidden], the rows of the sampling sequences' last tokens on the
         device); `input_ids` (on the device) replace the first rows' tokens (an asynchronous step)."""
         lay = step_layout(seqs, self.block_size, tokens, self.slots)
-        width = max(len(s.block_table) for s in seqs)
-        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        width = len(lay.block_tables[0])
         flat = torch.tensor([lay.ids, lay.positions, lay.slot_mapping], dtype=torch.int64).pin_memory()
         prompts = lay.prompt_seqs + [-1] * (MAX_PROMPTS - len(lay.prompt_seqs))
         small = torch.tensor(lay.query_start_loc + lay.seq_lens + prompts, dtype=torch.int32).pin_memory()
@@ -98,7 +97,7 @@ class MixedGraphs:
         self.prompt_seqs.copy_(small[2 * n + 1:], non_blocking=True)
         # Columns past `width` and rows past len(seqs) keep stale block ids: the kernels read only
         # pages below each row's seq_len, and those slots have no query tokens.
-        self.block_tables[: len(seqs), :width].copy_(torch.tensor(rows, dtype=torch.int32).pin_memory(),
+        self.block_tables[: len(seqs), :width].copy_(torch.tensor(lay.block_tables, dtype=torch.int32).pin_memory(),
                                                      non_blocking=True)
         if input_ids is not None:
             self.input_ids[: input_ids.shape[0]].copy_(input_ids)

@@ -213,13 +213,11 @@ class ModelRunner:
     def _prepare(self, sched: SchedulerOutput) -> _Batch:
         lay = step_layout(sched.seqs, self.block_size)
         prompts = mixed_prompt_seqs([s.num_new_tokens for s in sched.seqs])  # their own attention launch
-        max_blocks = max(len(s.block_table) for s in sched.seqs)
-        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.seqs]
         attn = AttentionMetadata(
             slot_mapping=self._to_device(lay.slot_mapping, torch.int64),
             query_start_loc=self._to_device(lay.query_start_loc, torch.int32),
             seq_lens=self._to_device(lay.seq_lens, torch.int32),
-            block_tables=self._to_device(tables, torch.int32),
+            block_tables=self._to_device(lay.block_tables, torch.int32),
             query_start_loc_cpu=lay.query_start_loc,
             seq_lens_cpu=lay.seq_lens,
             block_size=self.block_size,

@@ -23,6 +23,8 @@ class StepLayout:
     """Sequences of several new tokens."""
     logits_rows: list[int]
     """Row of each sampling sequence's last token, in the step's order."""
+    block_tables: list[list[int]]
+    """Each sequence's blocks, padded with 0 to the step's longest table (no padding slots)."""
 
 
 def step_layout(seqs: list[ScheduledSeq], block_size: int, tokens: Optional[int] = None,
@@ -51,5 +53,7 @@ def step_layout(seqs: list[ScheduledSeq], block_size: int, tokens: Optional[int]
     if pad < 0 or empty < 0:
         raise ValueError(f"a step of {len(ids)} tokens and {len(seqs)} sequences does not fit "
                          f"{tokens} tokens and {slots} sequences")
+    width = max((len(s.block_table) for s in seqs), default=0)
+    tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
     return StepLayout(ids + [0] * pad, positions + [0] * pad, slot_mapping + [-1] * pad, qsl + [qsl[-1]] * empty,
-                      seq_lens + [0] * empty, prompts, logits_rows)
+                      seq_lens + [0] * empty, prompts, logits_rows, tables)
