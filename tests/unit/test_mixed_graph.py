@@ -86,6 +86,8 @@ def test_the_padded_layout_computes_the_eager_rows(tokens: int, slots: int) -> N
         got = runner.model(torch.tensor(lay.ids), torch.tensor(lay.positions), runner.kv_caches, meta)
     n = len(eager.input_ids)
     torch.testing.assert_close(got[:n], want, atol=1e-5, rtol=1e-5)
-    for kv, w in zip(runner.kv_caches, written):  # the same slots written, and no others
-        assert torch.equal(kv, w)
+    # The same slots written, and no others: a stray write puts a computed K/V over the cache's random
+    # values (off by ~1); the rows' own K/V differ only in the GEMM's rounding for another row count.
+    for kv, w in zip(runner.kv_caches, written):
+        torch.testing.assert_close(kv, w, atol=1e-5, rtol=1e-5)
     assert lay.logits_rows == eager.logits_indices.tolist()
