@@ -144,7 +144,8 @@ def run_load(kind: str, url: str, tokenizer, requests: list, args: argparse.Name
 
 ENGINE_SERIES = ("tritongen_engine_steps_total", "tritongen_engine_prefill_steps_total",
                  "tritongen_engine_steps_ahead_total", "tritongen_num_preemptions_total",
-                 "tritongen_engine_decode_step_seconds_total", "tritongen_engine_prefill_step_seconds_total")
+                 "tritongen_engine_decode_step_seconds_total", "tritongen_engine_prefill_step_seconds_total",
+                 "tritongen_engine_mixed_graph_steps_total")
 
 
 GAUGE_SERIES = ("tritongen_num_requests_running", "tritongen_num_requests_waiting")
@@ -197,13 +198,15 @@ def front_cpu(pid: int, before: float | None, summary: dict) -> dict:
 
 
 def engine_mix(before: dict, after: dict) -> dict:
-    """Steps of the measured run: how many, the share with prompt tokens, the share launched ahead, and
-    the mean length (ms) of steps with and without prompt tokens."""
+    """Steps of the measured run: how many, the share with prompt tokens (and of those, the share
+    replayed from a mixed-step CUDA graph), the share launched ahead, and the mean length (ms) of
+    steps with and without prompt tokens."""
     d = {k: after[k] - before[k] for k in ENGINE_SERIES}
     steps, prefill = d["tritongen_engine_steps_total"], d["tritongen_engine_prefill_steps_total"]
     mean_ms = lambda seconds, n: 1e3 * seconds / n if n else None  # noqa: E731
     return {"engine_steps": steps, "preemptions": d["tritongen_num_preemptions_total"],
             "prefill_step_share": prefill / steps if steps else None,
+            "mixed_graph_share": d["tritongen_engine_mixed_graph_steps_total"] / prefill if prefill else None,
             "ahead_step_share": d["tritongen_engine_steps_ahead_total"] / steps if steps else None,
             "decode_step_ms": mean_ms(d["tritongen_engine_decode_step_seconds_total"], steps - prefill),
             "prefill_step_ms": mean_ms(d["tritongen_engine_prefill_step_seconds_total"], prefill)}
@@ -242,8 +245,8 @@ def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, arg
 
     print(format_summary(s), flush=True)
     log(f"{kind}: {s['engine_steps']:.0f} engine steps, {_pct(s['prefill_step_share'])} with prompt tokens "
-        f"({_f(s['prefill_step_ms'], '.2f')} ms against {_f(s['decode_step_ms'], '.2f')} ms without), "
-        f"{_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions; "
+        f"({_f(s['prefill_step_ms'], '.2f')} ms against {_f(s['decode_step_ms'], '.2f')} ms without; "
+        f"{_pct(s['mixed_graph_share'])} of them replayed a CUDA graph), {_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions; "
         f"requests in the engine: {_f(s.get('engine_running'))} running, {_f(s.get('engine_waiting'))} waiting (mean)")
     return s
 
@@ -305,7 +308,8 @@ def row(kind: str, args, summary: dict | None, start_s: float | None, error: str
             "output_tok_s": s.get("output_tok_s"), "elapsed_s": s.get("elapsed_time"),
             "concurrency": args.concurrency, "num_prompts": args.num_prompts, "server_start_s": start_s,
             "client_cpu": s.get("client_cpu"), "engine_steps": s.get("engine_steps"),
-            "prefill_step_share": s.get("prefill_step_share"), "ahead_step_share": s.get("ahead_step_share"),
+            "prefill_step_share": s.get("prefill_step_share"), "mixed_graph_share": s.get("mixed_graph_share"),
+            "ahead_step_share": s.get("ahead_step_share"),
             "decode_step_ms": s.get("decode_step_ms"), "prefill_step_ms": s.get("prefill_step_ms"),
             "server_cpu": s.get("server_cpu"), "server_cpu_us_per_token": s.get("server_cpu_us_per_token"),
             "preemptions": s.get("preemptions"), "engine_running": s.get("engine_running"),

@@ -33,6 +33,9 @@ COUNTERS = {
     "tritongen_engine_prefill_step_seconds_total": "Seconds of engine steps that carried prompt tokens, measured "
                                                    "the same way: over tritongen_engine_prefill_steps_total, their "
                                                    "mean length.",
+    "tritongen_engine_mixed_graph_steps_total": "Engine steps replayed from a mixed-step CUDA graph "
+                                                "(--mixed-cuda-graphs): of the steps that carried prompt tokens, "
+                                                "the others ran eagerly.",
     "tritongen_request_rejected_total": "Requests refused at admission (UNAVAILABLE / 503) because the server was "
                                         "full (max_num_seqs running + max_queue waiting).",
     "tritongen_engine_failed_steps_total": "Engine steps that raised: only the requests scheduled in them failed "
@@ -47,6 +50,7 @@ ENGINE_COUNTERS = {  # counter <- the engine stats() key it follows
     "tritongen_engine_steps_ahead_total": "num_steps_ahead",
     "tritongen_engine_decode_step_seconds_total": "decode_step_seconds",
     "tritongen_engine_prefill_step_seconds_total": "prefill_step_seconds",
+    "tritongen_engine_mixed_graph_steps_total": "num_mixed_graph_steps",
     "tritongen_engine_failed_steps_total": "num_failed_steps",
     "tritongen_engine_restarts_total": "engine_restarts",
 }

@@ -43,3 +43,13 @@ def test_without_a_seen_dict_only_gauges_are_set():
     sink = RecordingSink()
     update_engine_gauges(_stats(5, 2, 3, 0), sink)
     assert not sink.calls and sink.gauges["tritongen_num_requests_running"] == 2
+
+
+def test_every_engine_counter_follows_a_key_the_engine_reports():
+    """A counter whose key the engine's stats() lacks would stay at 0 for ever (update_engine_gauges
+    reads a missing key as 0); the restarts come from the supervising AsyncLLM, not the engine."""
+    from tritongen import LLM
+
+    stats = LLM("dummy:tiny-llama", device="cpu", num_blocks=16).stats()
+    assert set(ENGINE_COUNTERS.values()) - {"engine_restarts"} <= set(stats)
+    assert stats["num_mixed_graph_steps"] == 0  # no CUDA graphs on the CPU

@@ -3,6 +3,8 @@
 through the real model with the reference attention. The capture itself needs CUDA (tests/gpu/test_mixed_graph_cuda.py)."""
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -46,16 +48,20 @@ def test_layout_pads_tokens_without_slots_and_sequences_without_queries() -> Non
         step_layout(seqs, BS, tokens=12, slots=2)
 
 
-def test_bucket_takes_the_smallest_that_fits_and_leaves_the_rest_eager() -> None:
+def test_bucket_takes_the_smallest_that_fits_and_counts_why_the_rest_run_eagerly() -> None:
     g = MixedGraphs.__new__(MixedGraphs)
-    g.sizes, g.slots, g.width = token_buckets(256), 4, 3
+    g.sizes, g.slots, g.width, g.eager_steps = token_buckets(256), 4, 3, collections.Counter()
     assert g.bucket([seq("a", 9, 1, [2, 5, 7]), seq("b", 0, 40, list(range(10)))]) is None  # table too wide
     assert g.bucket([seq("a", 9, 1, [2, 5, 7]), seq("b", 0, 40, [1])]) == 64
     assert g.bucket([seq("b", 0, 300, [1])]) is None  # past the largest bucket
+    assert g.bucket([seq("b", 0, 290, [1])]) is None
     assert g.bucket([seq(f"r{i}", 0, 1, [1]) for i in range(5)]) is None  # more sequences than slots
     assert g.bucket([seq("b", 0, 8, [1], prompt_logprobs=1)]) is None
     g.slots = 2 * MAX_PROMPTS
     assert g.bucket([seq(f"p{i}", 0, 2, [1]) for i in range(MAX_PROMPTS + 1)]) is None
+    assert g.eager_steps == {"a block table past 3 blocks": 1, "more tokens than the largest bucket (256)": 2,
+                             "more sequences than slots (4)": 1, "prompt logprobs (they read every row)": 1,
+                             f"more than {MAX_PROMPTS} prompts": 1}
 
 
 @pytest.mark.parametrize("tokens, slots", [(16, 5), (64, 9)])

@@ -348,4 +348,5 @@ class EngineCore:
             "num_failed_steps": self.num_failed_steps,
             "decode_step_seconds": self.step_seconds["decode"],
             "prefill_step_seconds": self.step_seconds["prefill"],
+            "num_mixed_graph_steps": getattr(self.runner, "mixed_graph_steps", 0),
         }

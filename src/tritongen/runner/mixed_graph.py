@@ -12,6 +12,7 @@ extent on the device and the rest exit at once.
 """
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Optional
 
@@ -35,6 +36,23 @@ def token_buckets(max_tokens: int) -> list[int]:
     return [s for s in list(range(32, 1025, 32)) + list(range(1152, 2049, 128)) if s < top] + [top]
 
 
+def eager_reason(seqs: list[ScheduledSeq], tokens: int, max_tokens: int, slots: int, width: int) -> Optional[str]:
+    """Why a step cannot replay a mixed graph, or None when it can."""
+    if not seqs:
+        return "no sequences"
+    if tokens > max_tokens:
+        return f"more tokens than the largest bucket ({max_tokens})"
+    if len(seqs) > slots:
+        return f"more sequences than slots ({slots})"
+    if sum(1 for s in seqs if s.num_new_tokens > 1) > MAX_PROMPTS:
+        return f"more than {MAX_PROMPTS} prompts"
+    if any(len(s.block_table) > width for s in seqs):
+        return f"a block table past {width} blocks"
+    if any(s.params.prompt_logprobs is not None for s in seqs):
+        return "prompt logprobs (they read every row)"
+    return None
+
+
 class MixedGraphs:
     def __init__(self, model: torch.nn.Module, kv_caches: list[torch.Tensor], max_tokens: int, max_seqs: int,
                  max_blocks_per_seq: int, block_size: int, device: torch.device) -> None:
@@ -54,6 +72,8 @@ class MixedGraphs:
         self.prompt_seqs = torch.full((MAX_PROMPTS,), -1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        self.eager_steps: collections.Counter[str] = collections.Counter()
 
     def _meta(self, tokens: int) -> AttentionMetadata:
         # Host lists only shape the launches: one slot with all `tokens` rows makes the prompt
@@ -70,14 +90,16 @@ class MixedGraphs:
         logger.info("captured mixed-step CUDA graphs for %d token buckets up to %d", len(self.sizes), self.sizes[-1])
 
     def bucket(self, seqs: list[ScheduledSeq]) -> Optional[int]:
-        """The token bucket this step replays in, or None (eager): too many tokens, sequences or
-        prompts, a block table past the width, or prompt logprobs (they read every row)."""
+        """The token bucket this step replays in, or None (eager, counted in `eager_steps` by
+        reason and logged the first time each reason comes up)."""
         n = sum(s.num_new_tokens for s in seqs)
-        if (not seqs or n > self.sizes[-1] or len(seqs) > self.slots
-                or sum(1 for s in seqs if s.num_new_tokens > 1) > MAX_PROMPTS
-                or any(len(s.block_table) > self.width or s.params.prompt_logprobs is not None for s in seqs)):
-            return None
-        return next(t for t in self.sizes if t >= n)
+        reason = eager_reason(seqs, n, self.sizes[-1], self.slots, self.width)
+        if reason is None:
+            return next(t for t in self.sizes if t >= n)
+        if not self.eager_steps[reason]:
+            logger.info("a mixed step runs eagerly (first time for this reason): %s", reason)
+        self.eager_steps[reason] += 1
+        return None
 
     def run(self, seqs: list[ScheduledSeq], tokens: int,
             input_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +126,7 @@ class MixedGraphs:
         logits_rows = torch.tensor(lay.logits_rows, dtype=torch.int64).pin_memory().to(self.input_ids.device,
                                                                                         non_blocking=True)
         self.graphs[tokens].replay()
+        self.replays += 1
         return self.outputs[tokens], logits_rows
 
 

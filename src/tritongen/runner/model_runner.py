@@ -228,6 +228,11 @@ class ModelRunner:
                       attn, self._to_device(lay.logits_rows, torch.int64))
 
     @property
+    def mixed_graph_steps(self) -> int:
+        """Steps replayed from a mixed-step CUDA graph so far (0 without them)."""
+        return self.mixed_graphs.replays if self.mixed_graphs is not None else 0
+
+    @property
     def asynchronous(self) -> bool:
         """Whether launch() returns before the device finishes (CUDA): the engine then prepares the
         next step while this one runs."""
