@@ -199,7 +199,8 @@ def serve_one(side: str, model_dir: str, options: dict, args, tokenizer, request
             f"{gpu_serving._f(s.get('engine_waiting'))} waiting (mean); steps with prompt tokens "
             f"{gpu_serving._pct(s.get('prefill_step_share'))} ({gpu_serving._pct(s.get('mixed_graph_share'))} of "
             f"them replayed a CUDA graph), {gpu_serving._f(s.get('prefill_step_ms'), '.2f')} ms "
-            f"against {gpu_serving._f(s.get('decode_step_ms'), '.2f')} ms without; the server process "
+            f"against {gpu_serving._f(s.get('decode_step_ms'), '.2f')} ms without, "
+            f"{gpu_serving._pct(s.get('ahead_step_share'))} of all launched ahead; the server process "
             f"{gpu_serving._f(s.get('server_cpu'), '.2f')} CPU-s/s, "
             f"{gpu_serving._f(s.get('server_cpu_us_per_token'), '.0f')} us per output token")
         return gpu_serving.row(side, args, s, start_s)
