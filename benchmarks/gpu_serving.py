@@ -246,7 +246,8 @@ def bench_target(kind: str, url: str, tokenizer, requests: list, warm: list, arg
     print(format_summary(s), flush=True)
     log(f"{kind}: {s['engine_steps']:.0f} engine steps, {_pct(s['prefill_step_share'])} with prompt tokens "
         f"({_f(s['prefill_step_ms'], '.2f')} ms against {_f(s['decode_step_ms'], '.2f')} ms without; "
-        f"{_pct(s['mixed_graph_share'])} of them replayed a CUDA graph), {_pct(s['ahead_step_share'])} launched ahead, {s['preemptions']:.0f} preemptions; "
+        f"{_pct(s['mixed_graph_share'])} of them replayed a CUDA graph), {_pct(s['ahead_step_share'])} launched "
+        f"ahead, {s['preemptions']:.0f} preemptions; "
         f"requests in the engine: {_f(s.get('engine_running'))} running, {_f(s.get('engine_waiting'))} waiting (mean)")
     return s
 

@@ -39,7 +39,7 @@ GGUF_DIR_IN_SDIST = f"{SDIST_ROOT}/vendor/llama.cpp/models"
 # The default model dir's files that are not the tokenizer's.
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", COMPLETE_MARKER)
 # The tokenizer-only copy keeps generation_config.json: its EOS ids join the tokenizer's.
-_WEIGHT_FILES = ("config.json", "model.safetensors", COMPLETE_MARKER)
+_WEIGHT_FILES = tuple(name for name in _MODEL_FILES if name != "generation_config.json")
 
 
 @dataclass(frozen=True)
@@ -129,15 +129,20 @@ def generated_tokenizer(base: Path, vocab_size: int) -> Path:
         return target
     start = time.perf_counter()
     with _staging(target) as tmp:
-        for path in base.iterdir():
-            if path.is_file() and path.name not in _MODEL_FILES:
-                shutil.copy(path, tmp / path.name)
+        _copy_files(base, tmp, skip=_MODEL_FILES)
         data = json.loads((base / "tokenizer.json").read_text())
         extend_vocab(data, vocab_size)
         (tmp / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
         (tmp / COMPLETE_MARKER).write_text(f"{base} + <tok_N> up to {vocab_size}\n")
     print(f"generated a {vocab_size}-id tokenizer in {time.perf_counter() - start:.1f} s: {target}", file=sys.stderr)
     return target
+
+
+def _copy_files(src: Path, dst: Path, skip: tuple[str, ...]) -> None:
+    """The plain files of `src` into `dst`, but those named in `skip`."""
+    for path in src.iterdir():
+        if path.is_file() and path.name not in skip:
+            shutil.copy(path, dst / path.name)
 
 
 def extend_vocab(data: dict, vocab_size: int) -> None:
@@ -189,9 +194,7 @@ def fetch_tokenizers(sdist: Optional[Path] = None, force: bool = False,
     if force or not _complete(default_tokenizer_dir()):
         base = Path(resolve_model(None))
         with _staging(default_tokenizer_dir()) as out:
-            for path in base.iterdir():
-                if path.is_file() and path.name not in _WEIGHT_FILES:
-                    shutil.copy(path, out / path.name)
+            _copy_files(base, out, skip=_WEIGHT_FILES)
             (out / COMPLETE_MARKER).write_text(f"the tokenizer of {base}\n")
         log(f"  {default_tokenizer_dir()} (the default model's tokenizer)")
     todo = [name for name in REAL_TOKENIZERS if force or not _complete(real_tokenizer_dir(name))]

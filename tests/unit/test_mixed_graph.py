@@ -1,6 +1,7 @@
 """Mixed-step CUDA graphs (runner/mixed_graph.py) on CPU: the padded layout a graph replays
 (runner/step_layout.py) is the eager step's layout plus rows and slots that change nothing, checked
-through the real model with the reference attention. The capture itself needs CUDA (tests/gpu/test_mixed_graph_cuda.py)."""
+through the real model with the reference attention. The capture itself needs CUDA
+(tests/gpu/test_cuda_path.py::test_mixed_step_graphs_give_the_eager_tokens)."""
 from __future__ import annotations
 
 import collections
