@@ -39,6 +39,7 @@ def main() -> None:
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len)
     engine, width = llm.engine, -(-args.max_model_len // args.block_size)
+    buckets = token_buckets(args.max_num_batched_tokens)
     kinds: collections.Counter = collections.Counter()
     mixed: list[tuple[int, int, int]] = []  # (tokens, prompts, sequences) of each step with prompt tokens
     execute = engine.runner.execute
@@ -48,7 +49,7 @@ def main() -> None:
         if seqs:
             tokens = sum(s.num_new_tokens for s in seqs)
             if any(s.num_new_tokens > 1 or not s.do_sample for s in seqs):  # the engine's own test
-                reason = eager_reason(seqs, tokens, min(args.max_num_batched_tokens, 2048), args.max_num_seqs, width)
+                reason = eager_reason(seqs, tokens, buckets[-1], args.max_num_seqs, width)
                 kinds[f"prompt tokens, eager: {reason}" if reason else "prompt tokens, graph"] += 1
                 mixed.append((tokens, sum(1 for s in seqs if s.num_new_tokens > 1), len(seqs)))
             else:
@@ -71,7 +72,6 @@ def main() -> None:
     for kind, n in kinds.most_common():
         print(f"  {kind:<60} {n:6d}  {100 * n / steps:5.1f} %")
     tokens = [t for t, _, _ in mixed]
-    buckets = token_buckets(args.max_num_batched_tokens)
     pads = [next(b for b in buckets if b >= t) - t for t in tokens if t <= buckets[-1]]
     print(f"steps with prompt tokens: tokens mean {statistics.mean(tokens):.0f}, p50 {statistics.median(tokens):.0f}, "
           f"max {max(tokens)}; prompts a step mean {statistics.mean(p for _, p, _ in mixed):.2f}; "
