@@ -97,21 +97,14 @@ def _fp8_weight_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_x
 
 
 @triton.jit
-def _scaled(acc, S, B, n, n_ok, SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # Per-channel / per-tensor scales once on the full sum over K (block scales are in acc already),
-    # then the bias, for the weight rows n of acc's columns.
+def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # Per-channel / per-tensor scales once on the full sum over K (block scales are in acc already).
     if SCALE_KIND == 0:
         acc = acc * tl.load(S + n, mask=n_ok, other=0.0)[None, :]
     elif SCALE_KIND == 1:
         acc = acc * tl.load(S)
     if HAS_BIAS:
         acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    return acc
-
-
-@triton.jit
-def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr):
-    acc = _scaled(acc, S, B, n, n_ok, SCALE_KIND, HAS_BIAS)
     tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -162,8 +155,14 @@ def _fp8_gated_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, pid_n, N, stride_ym, SCA
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # acc [BLOCK_M, BLOCK_N]: the gate columns of the tile, then the up columns (weight rows n).
     # Scaled and rounded to Y's dtype as the stacked product's output is, then SiLU·mul.
+    if SCALE_KIND == 0:
+        acc = acc * tl.load(S + n, mask=n_ok, other=0.0)[None, :]
+    elif SCALE_KIND == 1:
+        acc = acc * tl.load(S)
+    if HAS_BIAS:
+        acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     dtype = Y.dtype.element_ty
-    acc = _scaled(acc, S, B, n, n_ok, SCALE_KIND, HAS_BIAS).to(dtype).to(tl.float32)
+    acc = acc.to(dtype).to(tl.float32)
     gate, up = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N // 2]), (0, 2, 1)))
     out = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     tl.store(Y + m[:, None] * stride_ym + out[None, :], silu_mul(gate, up, dtype),
