@@ -220,67 +220,6 @@ def test_quantized_token_kernel_refuses_what_it_cannot_take():
         fp8_linear(torch.randn(2, 128, device=DEVICE), qb, sb, Fp8Scales("block", (128, 128)), config=TOKEN_CONFIGS[0])
 
 
-@pytest.mark.parametrize("scales", [Fp8Scales("channel"), Fp8Scales("tensor")], ids=lambda s: s.kind)
-@pytest.mark.parametrize("rows", [1, 5, 16])
-@pytest.mark.parametrize("bias", [False, True])
-def test_gated_candidates_give_silu_mul_of_the_stacked_product(scales, rows, bias):
-    """fp8_gated_tokens_linear on a stacked gate/up weight [2N, K] is silu(gate) * up of
-    fp8_tokens_linear's halves (each rounded to the activations' dtype, as the unfused path has
-    them); N = 80 leaves every GATED tiling a partial tile of outputs."""
-    from tritongen.ops.triton_fp8 import GATED_CONFIGS, fp8_gated_tokens_linear, fp8_tokens_linear
-    from tritongen.ops.triton_fp8_quant import quantize_tokens
-
-    dtype = torch.float32 if INTERPRET else torch.bfloat16
-    g = torch.Generator().manual_seed(rows * 3 + bias)
-    n, k = 80, 512
-    q, s = quantize_weight(torch.randn(2 * n, k, generator=g).to(DEVICE), scales)
-    x = exact_tokens(rows, k, g).to(dtype)
-    xq, xs = quantize_tokens(x)
-    b = torch.randn(2 * n, generator=g).to(DEVICE).to(dtype) if bias else None
-    for cfg in GATED_CONFIGS:
-        gate, up = fp8_tokens_linear(xq, xs, q, s, scales, b, cfg, dtype).float().chunk(2, dim=-1)
-        want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
-        got = fp8_gated_tokens_linear(xq, xs, q, s, scales, b, cfg, dtype)
-        assert got.shape == (rows, n) and got.dtype == dtype
-        # float32: the kernel's exp against torch's; bf16: at most one rounding step apart
-        tol = 1e-5 if dtype == torch.float32 else 2 ** -7
-        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=1e-5, msg=str(cfg))
-
-
-def test_gated_kernel_refuses_what_it_cannot_take():
-    from tritongen.ops.triton_fp8 import GATED_CONFIGS, TOKEN_CONFIGS, fp8_gated_tokens_linear
-    from tritongen.ops.triton_fp8_quant import quantize_tokens
-
-    xq, xs = quantize_tokens(torch.randn(2, 128, device=DEVICE))
-    q, s = quantize_weight(torch.randn(63, 128, device=DEVICE), Fp8Scales("channel"))
-    with pytest.raises(ValueError, match=r"stacked gate/up weight \[2N, K\].*got 63 rows"):
-        fp8_gated_tokens_linear(xq, xs, q, s, Fp8Scales("channel"), None, GATED_CONFIGS[0], torch.float32)
-    q, s = quantize_weight(torch.randn(64, 128, device=DEVICE), Fp8Scales("channel"))
-    split = next(c for c in TOKEN_CONFIGS if c["SPLIT_K"] > 1)
-    with pytest.raises(ValueError, match="single-pass tiling.*SPLIT_K=2"):
-        fp8_gated_tokens_linear(xq, xs, q, s, Fp8Scales("channel"), None, split, torch.float32)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels in CUDA graphs")
-def test_select_configs_weighs_the_gated_mlp_against_the_unfused_one():
-    """A stacked gate/up layer after its norm and the down_proj after it: select_configs gives
-    gate/up a GATED config only together with a weight-only tiling for down_proj (which then gets
-    bf16 input), and each bucket's choice computes what the reference does."""
-    from tritongen.ops.fp8 import Fp8Linear
-    from tritongen.ops.triton_fp8 import ROW_BUCKETS, select_configs
-
-    lin = lambda i, o: torch.nn.Linear(i, o, bias=False, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    gate_up, down = Fp8Linear.from_linear(lin(1024, 2 * 2816)), Fp8Linear.from_linear(lin(2816, 1024))
-    gate_up.producer, gate_up.gated, down.producer = "rms_norm", True, "silu_mul"
-    made = select_configs([gate_up, down], torch.bfloat16)
-    assert {key[-1] for key in made} == set(ROW_BUCKETS)
-    for rows in ROW_BUCKETS:
-        up_cfg, down_cfg = gate_up.kernel_configs[rows], down.kernel_configs[rows]
-        assert made[(2 * 2816, 1024, "channel", "rms_norm", rows)][0] is up_cfg
-        if up_cfg.get("GATED"):
-            assert not down_cfg.get("QUANT"), (rows, down_cfg)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the engine on CUDA")
 def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
     """With every fp8 projection whose producer can quantize (qkv and gate_up after their RMSNorms,
@@ -313,17 +252,13 @@ def test_norm_quantized_inputs_give_what_the_layers_would_quantize(monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the CPU twin of the CUDA test above, in Triton's interpreter")
-@pytest.mark.parametrize("gated", [False, True], ids=["apart", "gated"])
-def test_producer_quantized_inputs_through_the_model_on_the_cpu(monkeypatch, gated):
+def test_producer_quantized_inputs_through_the_model_on_the_cpu(monkeypatch):
     """The model's plumbing of producer-quantized inputs (RMSNorm -> qkv and gate_up, SiLU·mul ->
     down, as Fp8Tokens; the quantized-token kernel in the interpreter) gives what each of those
-    layers computes quantizing its own input in the reference (fp8_linear_ref(dynamic=True)).
-    gated: gate/up runs SiLU·mul in its epilogue (a GATED config) and down_proj is weight-only on
-    its bf16 output, as select_configs pairs them."""
+    layers computes quantizing its own input in the reference (fp8_linear_ref(dynamic=True))."""
     from tritongen import LLM, SamplingParams
-    from tritongen.ops import triton_fp8
     from tritongen.ops.fp8 import Fp8Linear
-    from tritongen.ops.triton_fp8 import CONFIGS, GATED_CONFIGS, ROW_BUCKETS, TOKEN_CONFIGS
+    from tritongen.ops.triton_fp8 import ROW_BUCKETS, TOKEN_CONFIGS
 
     llm = LLM("dummy:tiny-llama", dtype="float32", device="cpu", quantization="fp8")
     model = llm.engine.runner.model
@@ -333,28 +268,18 @@ def test_producer_quantized_inputs_through_the_model_on_the_cpu(monkeypatch, gat
     layer0 = model.model.layers[0]
     assert (layer0.self_attn.qkv_proj.producer, layer0.mlp.gate_up_proj.producer,
             layer0.mlp.down_proj.producer) == ("rms_norm", "rms_norm", "silu_mul")
-    assert all(block.mlp.gate_up_proj.gated for block in model.model.layers)
     for layer in fed:
         layer.kernel_configs = {rows: TOKEN_CONFIGS[0] for rows in ROW_BUCKETS}
-    if gated:
-        for block in model.model.layers:
-            block.mlp.gate_up_proj.kernel_configs = {rows: GATED_CONFIGS[0] for rows in ROW_BUCKETS}
-            block.mlp.down_proj.kernel_configs = {rows: CONFIGS[0] for rows in ROW_BUCKETS}
-    quantized = lambda layer: any(c.get("QUANT") for c in layer.kernel_configs.values())  # noqa: E731
-    handed, gated_calls = [], []
-    monkeypatch.setattr(Fp8Linear, "takes_tokens", lambda self, x: handed.append(quantized(self)) or handed[-1])
-    real_gated = triton_fp8.fp8_gated_tokens_linear
-    monkeypatch.setattr(triton_fp8, "fp8_gated_tokens_linear",
-                        lambda *a: gated_calls.append(1) or real_gated(*a))
+    handed = []
+    monkeypatch.setattr(Fp8Linear, "takes_tokens",
+                        lambda self, x: handed.append(bool(self.kernel_configs)) or handed[-1])
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
     prompts = [[5, 17, 300, 42], [7, 7, 7]]
     fused = llm.generate(prompts, params)
-    fed_per_layer = 2 if gated else 3  # gated: down_proj takes gate/up's bf16 SiLU·mul
-    assert handed.count(True) >= fed_per_layer * len(model.model.layers) * 6  # every step, every fed layer
-    assert len(gated_calls) >= (len(model.model.layers) * 6 if gated else 0) and (gated or not gated_calls)
+    assert handed.count(True) >= 3 * len(model.model.layers) * 6  # every step, every fed layer
     monkeypatch.setattr(Fp8Linear, "takes_tokens", lambda self, x: False)
     monkeypatch.setattr(Fp8Linear, "forward", lambda self, x: fp8_linear_ref(
-        x, self.weight, self.weight_scale, self.scales, self.bias, dynamic=quantized(self)))
+        x, self.weight, self.weight_scale, self.scales, self.bias, dynamic=bool(self.kernel_configs)))
     plain = llm.generate(prompts, params)
     for a, b in zip(fused, plain):
         assert a.token_ids == b.token_ids

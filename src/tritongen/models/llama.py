@@ -144,9 +144,6 @@ class LlamaMLP(nn.Module):
         if self.gate_up_proj is None:
             return self.down_proj(kernels.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
         if not isinstance(self.gate_up_proj, nn.Linear):  # FP8 (ops.fp8.Fp8Linear): its own product
-            fused = self.gate_up_proj.gated_silu_mul(x)  # SiLU·mul in the epilogue, where measured faster
-            if fused is not None:
-                return self.down_proj(fused)
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             if isinstance(self.down_proj, Fp8Linear) and self.down_proj.takes_tokens(gate):
                 return self.down_proj(kernels.silu_and_mul_fp8(gate, up))  # quantized in SiLU·mul's kernel
@@ -262,7 +259,6 @@ class LlamaForCausalLM(nn.Module):
             if mlp.act in ("silu", "swish") and isinstance(mlp.gate_up_proj, Fp8Linear) and \
                     isinstance(mlp.down_proj, Fp8Linear):
                 mlp.down_proj.producer = "silu_mul"  # SiLU·mul's kernel can quantize its input
-                mlp.gate_up_proj.gated = hands  # or run in gate/up's epilogue, after a norm that quantizes
         self._register_state_dict_hook(_split_fused)
         self._register_load_state_dict_pre_hook(_stack_fused)
 

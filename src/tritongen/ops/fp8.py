@@ -168,9 +168,6 @@ class Fp8Linear(nn.Module):
         times every candidate after that op, its quantizing variant before a quantized-token
         configuration and its plain one before the others, so the quantizing epilogue's own cost
         counts in the choice."""
-        self.gated = False
-        """A stacked gate/up projection (gate rows over up rows) before SiLU·mul: select_configs may
-        give it a GATED config, which gated_silu_mul runs with SiLU·mul in the product's epilogue."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, scales: Fp8Scales = Fp8Scales("channel")) -> "Fp8Linear":
@@ -195,20 +192,6 @@ class Fp8Linear(nn.Module):
         from tritongen.ops import triton_fp8
 
         return bool(self.kernel_configs.get(triton_fp8.row_bucket(rows), {}).get("QUANT"))
-
-    def gated_silu_mul(self, x: torch.Tensor | Fp8Tokens) -> Optional[torch.Tensor]:
-        """silu(gate) * up of this stacked gate/up layer's product in one kernel, where select_configs
-        chose that for x's row count (its config is GATED, so the norm before handed x quantized);
-        None where the product and SiLU·mul run apart."""
-        if not isinstance(x, Fp8Tokens):
-            return None
-        from tritongen.ops import triton_fp8
-
-        config = self.kernel_configs.get(triton_fp8.row_bucket(x.q.shape[0]), {})
-        if not config.get("GATED"):
-            return None
-        return triton_fp8.fp8_gated_tokens_linear(x.q, x.scale, self.weight, self.weight_scale, self.scales,
-                                                  self.bias, config, x.dtype)
 
     def forward(self, x: torch.Tensor | Fp8Tokens) -> torch.Tensor:
         if isinstance(x, Fp8Tokens):  # only where takes_tokens said so

@@ -25,11 +25,6 @@ the product alone ran 10-19 % under the weight-only kernel on the 7B shapes, the
 2-6 µs more (benchmarks/probes/fp8_gemv_probe.py), so the pair wins on some shapes only: its
 candidates join select_configs' measurement.
 
-Gated (`fp8_gated_tokens_linear`): the quantized-token kernel on an MLP's stacked gate/up weight
-with SiLU·mul in its epilogue, each tile half gate rows and half the up rows of the same outputs, so
-one launch gives down_proj its input (bf16: a per-token scale over all N outputs would need every
-tile, so down_proj then runs weight-only). select_configs weighs that pair against the unfused MLP.
-
 ops.fp8.fp8_linear_ref (dynamic=False for the weight-only kernel, True for quantized tokens) is the
 reference; tests/gpu/test_triton_fp8.py checks both kernels against it on CUDA and, with
 TRITON_INTERPRET=1, on the CPU.
@@ -44,7 +39,6 @@ import triton.language as tl
 
 from tritongen.ops import triton_fp8_quant
 from tritongen.ops.fp8_scales import Fp8Scales
-from tritongen.ops.triton_elementwise import silu_mul
 from tritongen.ops.triton_gemv import split_k_range, split_k_sum, split_workspace
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
@@ -112,24 +106,15 @@ def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.cons
 @triton.jit
 def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                      SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), 1, SPLIT_K); XQ e4m3 [M <= BLOCK_M, K], XS its float32 row scales.
     # Splits as in _fp8_weight_gemm; the row scales apply before the split sum (the same per row).
-    # GATED (SPLIT_K == 1): W stacks gate rows over up rows, [2N, K]; the program's BLOCK_N weight
-    # rows are BLOCK_N / 2 gate rows and the up rows of the same outputs, and it stores
-    # silu(gate) * up for those BLOCK_N / 2 of the N outputs.
     pid_n = tl.program_id(0)
     k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 2)
     m = tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
-    if GATED:
-        j = tl.arange(0, BLOCK_N)
-        out = pid_n * (BLOCK_N // 2) + j % (BLOCK_N // 2)
-        n = out + (j // (BLOCK_N // 2)) * N  # the weight's rows
-        n_ok = out < N
-    else:
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = n < N
+    n_ok = n < N
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
     x_rows = XQ + m[:, None] * stride_xm
@@ -140,33 +125,12 @@ def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, str
         x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(w, tl.trans(x), acc)
     acc = tl.trans(acc) * tl.load(XS + m, mask=m_ok, other=0.0)[:, None]
-    if GATED:
-        _fp8_gated_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, pid_n, N, stride_ym, SCALE_KIND, HAS_BIAS, BLOCK_M, BLOCK_N)
-    elif SPLIT_K == 1:
+    if SPLIT_K == 1:
         _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
     else:
         total, last = split_k_sum(acc, PART, COUNTS, pid_n, tl.program_id(2), m_ok, BLOCK_M, BLOCK_N, SPLIT_K)
         if last:
             _fp8_epilogue(total, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND, HAS_BIAS)
-
-
-@triton.jit
-def _fp8_gated_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, pid_n, N, stride_ym, SCALE_KIND: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # acc [BLOCK_M, BLOCK_N]: the gate columns of the tile, then the up columns (weight rows n).
-    # Scaled and rounded to Y's dtype as the stacked product's output is, then SiLU·mul.
-    if SCALE_KIND == 0:
-        acc = acc * tl.load(S + n, mask=n_ok, other=0.0)[None, :]
-    elif SCALE_KIND == 1:
-        acc = acc * tl.load(S)
-    if HAS_BIAS:
-        acc += tl.load(B + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    dtype = Y.dtype.element_ty
-    acc = acc.to(dtype).to(tl.float32)
-    gate, up = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N // 2]), (0, 2, 1)))
-    out = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(Y + m[:, None] * stride_ym + out[None, :], silu_mul(gate, up, dtype),
-             mask=m_ok[:, None] & (out < N)[None, :])
 
 
 CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "SPLIT_K": 1}
@@ -182,11 +146,6 @@ TOKEN_CONFIGS = tuple({"BLOCK_N": 64, "BLOCK_K": bk, "num_warps": 4, "SPLIT_K": 
 """Candidates of the quantized-token kernel (per-channel and per-tensor scales): 64 weight rows a
 tile (one warpgroup's wgmma M side) and the probe's winning K steps; with CONFIGS, select_configs
 times 22 candidates per shape and row bucket."""
-GATED_CONFIGS = tuple({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "SPLIT_K": 1, "QUANT": True, "GATED": True}
-                      for bn in (64, 128) for bk in (128, 256))
-"""Candidates of the quantized-token kernel with SiLU·mul in its epilogue (fp8_gated_tokens_linear):
-BLOCK_N weight rows a tile, half gate rows and half up rows, so 64 streams what a TOKEN_CONFIGS
-tile does. select_configs times them for stacked gate/up layers (Fp8Linear.gated)."""
 ROW_BUCKETS = (1, 8, 16)
 
 
@@ -267,46 +226,25 @@ def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale
                       bias: Optional[torch.Tensor], config: dict, out_dtype: torch.dtype) -> torch.Tensor:
     """y [M, N] = (xq * xs) @ (q * scale).T (+ bias) in out_dtype, for tokens already quantized
     (xq e4m3 [M <= TOKEN_MAX_ROWS, K], xs float32 [M, 1] as triton_fp8_quant.quantize_tokens gives
-    them) on the quantized-token kernel; `config` one of TOKEN_CONFIGS (or GATED_CONFIGS: the same
-    product, that tiling)."""
-    return _tokens_launch(xq, xs, q, scale, scales, bias, config, out_dtype, gated=False)
-
-
-def fp8_gated_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                            scales: Fp8Scales, bias: Optional[torch.Tensor], config: dict,
-                            out_dtype: torch.dtype) -> torch.Tensor:
-    """SiLU·mul in the quantized-token product's epilogue: q [2N, K] stacks gate rows over up rows
-    (an MLP's gate_up_proj); returns silu(gate) * up [M, N] in out_dtype, where gate and up are
-    fp8_tokens_linear's halves rounded to out_dtype, as the unfused path has them. One launch instead
-    of the product and the SiLU·mul kernel. `config` one of GATED_CONFIGS."""
-    return _tokens_launch(xq, xs, q, scale, scales, bias, config, out_dtype, gated=True)
-
-
-def _tokens_launch(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp8Scales,
-                   bias: Optional[torch.Tensor], config: dict, out_dtype: torch.dtype, gated: bool) -> torch.Tensor:
+    them) on the quantized-token kernel; `config` one of TOKEN_CONFIGS."""
     m, k = xq.shape
-    rows = q.shape[0]
+    n = q.shape[0]
     if m > TOKEN_MAX_ROWS or scales.kind == "block":
         raise ValueError(f"the quantized-token fp8 kernel takes at most {TOKEN_MAX_ROWS} rows and per-channel "
                          f"or per-tensor scales, got {m} rows and {scales.kind} scales")
-    block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
-    if gated and (rows % 2 or split_k != 1):
-        raise ValueError(f"the gated fp8 kernel takes a stacked gate/up weight [2N, K] and a single-pass "
-                         f"tiling, got {rows} rows and SPLIT_K={split_k}")
-    n = rows // 2 if gated else rows
     y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
     if m == 0:
         return y
+    block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     s = scale.float() if scale.dtype != torch.float32 else scale
-    tiles = triton.cdiv(n, block_n // 2 if gated else block_n)
+    tiles = triton.cdiv(n, block_n)
     part = counts = None  # SPLIT_K == 1 never touches them
     if split_k > 1:
         part, counts = split_workspace(xq.device, tiles * split_k * TOKEN_MAX_ROWS * block_n, tiles)
     _fp8_tokens_gemm[(tiles, 1, split_k)](
         xq, xs, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
         xq.stride(0), q.stride(0), y.stride(0), SCALE_KIND=_KIND[scales.kind], HAS_BIAS=bias is not None,
-        BLOCK_M=TOKEN_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, GATED=gated,
-        num_warps=config["num_warps"])
+        BLOCK_M=TOKEN_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=config["num_warps"])
     return y
 
 
@@ -332,25 +270,23 @@ def _producer_ops(producer: str, x: torch.Tensor) -> tuple[Callable, Callable]:
 def _timed_call(x: torch.Tensor, scales: Fp8Scales, config: dict, producer: Optional[str]) -> Callable:
     """What a decode step runs for one layer with `config`: fp8_linear on x; for a layer whose
     producer can quantize its input (Fp8Linear.producer), that op first, quantizing before a
-    quantized-token config (the product then takes its tokens; a GATED one adds SiLU·mul) and plain
-    before the others. The quantizing epilogue runs one program per row and costs the op time at
-    batch 1, which a quantized-token product must win back."""
+    quantized-token config (the product then takes its tokens) and plain before the others. The
+    quantizing epilogue runs one program per row and costs the op time at batch 1, which a
+    quantized-token product must win back."""
     if producer is None:
         return lambda layer: fp8_linear(x, layer.weight, layer.weight_scale, scales, layer.bias, config)
     plain, quantizing = _producer_ops(producer, x)
     if config.get("QUANT"):
-        product = fp8_gated_tokens_linear if config.get("GATED") else fp8_tokens_linear
-
         def run(layer):
             xq, xs = quantizing()
-            return product(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config, x.dtype)
+            return fp8_tokens_linear(xq, xs, layer.weight, layer.weight_scale, scales, layer.bias, config, x.dtype)
         return run
     return lambda layer: fp8_linear(plain(), layer.weight, layer.weight_scale, scales, layer.bias, config)
 
 
 @torch.inference_mode()
 def select_configs(layers: list, dtype: torch.dtype,
-                   agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, tuple[dict, float]]:
+                   agree: Optional[Callable[[list[float]], list[float]]] = None) -> dict[tuple, dict]:
     """Time every candidate tiling (candidates(scales, K)) on the layers' own weights, per
     (N, K, scale layout) and row bucket, in CUDA graphs (no launch overhead, as decode runs); each
     layer keeps its shape's fastest in `layer.kernel_configs` {row bucket: config}. Called once at
@@ -358,10 +294,9 @@ def select_configs(layers: list, dtype: torch.dtype,
     shared split-K workspace (triton_gemv.split_workspace) to fit whatever is chosen, so capture
     never allocates. A layout without candidates keeps the default tiling. Layers whose producer
     (an RMSNorm, SiLU·mul) can quantize their input (Fp8Linear.producer) are timed with that op
-    before them (_timed_call), so the times of such a group include it. Then stacked gate/up layers
-    (Fp8Linear.gated) may take SiLU·mul into their epilogue (_select_gated). `agree` maps all the
-    timings of a round at once to the ones to decide on, as in triton_gemv.select_kernels
-    (tensor-parallel ranks pass the mean over the ranks, so that every rank runs the same kernels).
+    before them (_timed_call), so the times of such a group include it. `agree` maps all the timings
+    at once to the ones to decide on, as in triton_gemv.select_kernels (tensor-parallel ranks pass
+    the mean over the ranks, so that every rank runs the same kernels).
     Returns {(N, K, kind, producer, rows): (config, microseconds)}."""
     from tritongen.ops.triton_gemv import graph_time_us
 
@@ -378,59 +313,12 @@ def select_configs(layers: list, dtype: torch.dtype,
         times += [graph_time_us(_timed_call(x, scales, cfg, group[0].producer), group) for cfg in configs]
     if agree is not None:
         times = agree(times)
-    made, measured, at = {}, {}, 0
+    made, at = {}, 0
     for n, k, scales, group, rows, configs in cases:
         mine = times[at:at + len(configs)]
         at += len(configs)
         best = min(range(len(mine)), key=mine.__getitem__)
-        key = (n, k, scales.kind, group[0].producer, rows)
-        made[key], measured[key] = (configs[best], mine[best]), list(zip(configs, mine))
+        made[(n, k, scales.kind, group[0].producer, rows)] = (configs[best], mine[best])
         for layer in group:
             layer.kernel_configs[rows] = configs[best]
-    _select_gated(groups, made, measured, dtype, agree)
     return made
-
-
-def _select_gated(groups: dict[tuple, list], made: dict, measured: dict, dtype: torch.dtype,
-                  agree: Optional[Callable[[list[float]], list[float]]]) -> None:
-    """For each stacked gate/up group (Fp8Linear.gated, after its RMSNorm) and the down_proj group
-    it feeds (shape [K, N] after SiLU·mul), per row bucket: the unfused MLP (gate/up's chosen
-    product, then down's, which select_configs timed after SiLU·mul) against the gated kernel
-    (GATED_CONFIGS after the quantizing norm) followed by down's fastest weight-only tiling without
-    the SiLU·mul launch (its time after the plain SiLU·mul, less that op's own). Where the gated pair
-    is faster, the gate/up layers take the GATED config and the down layers that tiling. Updates
-    `made` and the layers in place."""
-    from tritongen.ops.triton_gemv import graph_time_us
-
-    cases = []  # (gate/up key, down key, gate/up group, down group, rows)
-    for (n2, k, scales, producer), group in groups.items():
-        if not (getattr(group[0], "gated", False) and producer == "rms_norm" and scales.kind != "block"):
-            continue
-        down = next(((key, g) for key, g in groups.items() if key[:2] == (k, n2 // 2) and key[3] == "silu_mul"), None)
-        for rows in ROW_BUCKETS if down is not None else ():
-            up_key, down_key = (n2, k, scales.kind, producer, rows), (k, n2 // 2, down[0][2].kind, "silu_mul", rows)
-            if up_key in made and down_key in made:
-                cases.append((up_key, down_key, group, down[1], rows))
-    times = []
-    for (n2, k, *_), _, group, down, rows in cases:
-        x = torch.randn(rows, k, device=group[0].weight.device, dtype=dtype)
-        plain_silu = _producer_ops("silu_mul", torch.empty(rows, n2 // 2, device=x.device, dtype=dtype))[0]
-        times.append(graph_time_us(lambda layer: plain_silu(), down))
-        times += [graph_time_us(_timed_call(x, group[0].scales, cfg, "rms_norm"), group) for cfg in GATED_CONFIGS]
-    if agree is not None:
-        times = agree(times)
-    step = 1 + len(GATED_CONFIGS)
-    for i, (up_key, down_key, group, down, rows) in enumerate(cases):
-        silu_us, gated = times[i * step], times[i * step + 1:(i + 1) * step]
-        weight_only = [(cfg, us - silu_us) for cfg, us in measured[down_key] if not cfg.get("QUANT")]
-        if not weight_only:
-            continue
-        down_cfg, down_us = min(weight_only, key=lambda c: c[1])
-        best = min(range(len(gated)), key=gated.__getitem__)
-        if gated[best] + down_us >= made[up_key][1] + made[down_key][1]:
-            continue
-        made[up_key], made[down_key] = (GATED_CONFIGS[best], gated[best]), (down_cfg, down_us)
-        for layer in group:
-            layer.kernel_configs[rows] = GATED_CONFIGS[best]
-        for layer in down:
-            layer.kernel_configs[rows] = down_cfg

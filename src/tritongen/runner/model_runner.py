@@ -148,8 +148,8 @@ class ModelRunner:
             from tritongen.ops import triton_fp8
 
             made = triton_fp8.select_configs(fp8, self.dtype, agree=self._mean_over_ranks)
-            tokens = sorted(f"{n}x{k} after {producer} at {rows} rows{' with SiLU·mul' if cfg.get('GATED') else ''}"
-                            for (n, k, _, producer, rows), (cfg, _) in made.items() if cfg.get("QUANT"))
+            tokens = sorted(f"{n}x{k} after {producer} at {rows} rows" for (n, k, _, producer, rows), (cfg, _)
+                            in made.items() if cfg.get("QUANT"))
             logger.info("fp8 decode GEMMs: tilings chosen for %d (shape, rows) cases; quantized tokens in %d: %s",
                         len(made), len(tokens), ", ".join(tokens) or "none")
 
