@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--mixed-prompt-len", type=int, default=0,
                     help="a new prompt of this many tokens joins every measured step (0: decode only)")
-    ap.add_argument("--mixed-cuda-graphs", action="store_true", help="the engine option: capture mixed steps too")
+    ap.add_argument("--mixed-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="the engine option (on by default): capture mixed steps too")
     ap.add_argument("--sync-debug", action="store_true",
                     help="after the profile, run the steps again and list where the host blocked on the device")
     args = ap.parse_args()

@@ -25,9 +25,10 @@ class ModelConfig:
     """Seed for dummy weights and for unseeded sampling."""
     enforce_eager: bool = False
     """Disable CUDA graphs for decode steps (always run eager PyTorch)."""
-    mixed_cuda_graphs: bool = False
+    mixed_cuda_graphs: bool = True
     """CUDA, Triton attention, one GPU, dense models: also capture steps that carry prompt tokens
-    (padded to token buckets up to 2048), which otherwise launch eagerly; off until measured."""
+    (padded to token buckets up to 2048) instead of launching them eagerly; elsewhere it is ignored.
+    --no-mixed-cuda-graphs saves their capture time and memory at load."""
     attention_backend: str = "auto"
     """reference | triton | auto (Triton kernels on CUDA when the triton package is installed)."""
     fused_silu_mul: bool = True

@@ -133,14 +133,15 @@ class MixedGraphs:
 def maybe_build_mixed_graphs(model: torch.nn.Module, kv_caches: list[torch.Tensor], enabled: bool,
                              decode_graphs: bool, moe: bool, tensor_parallel: bool, max_num_batched_tokens: int,
                              max_num_seqs: int, max_model_len: int, block_size: int) -> Optional[MixedGraphs]:
-    """Mixed-step graphs when asked for and they can work: where decode steps have graphs (CUDA,
-    the Triton attention backend, not enforce_eager), on one GPU, for a dense model (an MoE
-    layer's routing shapes its launches from the host)."""
-    if not enabled:
-        return None
-    if not decode_graphs or moe or tensor_parallel:
-        logger.warning("mixed-step CUDA graphs need decode graphs (CUDA, Triton attention, not enforce_eager), "
-                       "one GPU and a dense model; mixed steps run eagerly")
+    """Mixed-step graphs when asked for (the default) and they can work: where decode steps have
+    graphs (CUDA, the Triton attention backend, not enforce_eager), on one GPU, for a dense model
+    (an MoE layer's routing shapes its launches from the host). Elsewhere mixed steps run eagerly,
+    said once at info level: the option is on by default, so that is no misconfiguration."""
+    if not enabled or not decode_graphs:
+        return None  # no graphs at all (CPU, enforce_eager, the reference attention) or turned off
+    if moe or tensor_parallel:
+        logger.info("mixed steps run eagerly: their CUDA graphs need one GPU and a dense model (%s)",
+                    "an MoE model" if moe else "tensor parallelism")
         return None
     graphs = MixedGraphs(model, kv_caches, max_num_batched_tokens, max_num_seqs, -(-max_model_len // block_size),
                          block_size, kv_caches[0].device)
