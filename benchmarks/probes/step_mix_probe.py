@@ -47,8 +47,8 @@ def main() -> None:
     def classify(sched: SchedulerOutput):
         seqs = sched.seqs
         if seqs:
-            tokens = sum(s.num_new_tokens for s in seqs)
-            if any(s.num_new_tokens > 1 or not s.do_sample for s in seqs):  # the engine's own test
+            tokens = sched.num_batched_tokens
+            if sched.carries_prompt_tokens:  # what the engine counts as a step with prompt tokens
                 reason = eager_reason(seqs, tokens, buckets[-1], args.max_num_seqs, width)
                 kinds[f"prompt tokens, eager: {reason}" if reason else "prompt tokens, graph"] += 1
                 mixed.append((tokens, sum(1 for s in seqs if s.num_new_tokens > 1), len(seqs)))

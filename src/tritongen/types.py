@@ -143,6 +143,12 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.seqs)
 
     @property
+    def carries_prompt_tokens(self) -> bool:
+        """The step computes prompt tokens: a sequence with more than one new token (a prefill or a
+        chunk of one), or one whose token samples nothing (a chunk that ends before its prompt does)."""
+        return any(s.num_new_tokens > 1 or not s.do_sample for s in self.seqs)
+
+    @property
     def is_empty(self) -> bool:
         return not self.seqs
 

@@ -234,9 +234,7 @@ class EngineCore:
                 seq.times.first_scheduled_time = now
         self.num_steps += 1
         self.num_steps_ahead += sched.input_from_previous
-        # The step computes prompt tokens: a sequence with more than one new token (a prefill or a
-        # chunk of one), or one whose token samples nothing (a chunk that ends before its prompt does).
-        prefill = any(s.num_new_tokens > 1 or not s.do_sample for s in sched.seqs)
+        prefill = sched.carries_prompt_tokens
         self.num_prefill_steps += prefill
         return prefill
 
