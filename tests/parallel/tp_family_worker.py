@@ -107,7 +107,7 @@ def rank_main(rank: int, world_size: int, init_file: str, checkpoints: str, out_
             net, _ = load_model(path, torch.float32, CPU, split=split)
             results[preset] = (*greedy(net), net.kv_cache_shape(1, BLOCK_SIZE))
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # both ranks done before either tears gloo down (a rank once aborted at teardown)
+        dist.barrier()  # neither rank tears gloo down while the other may still be talking to it
         dist.destroy_process_group()
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:

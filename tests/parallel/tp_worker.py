@@ -131,7 +131,7 @@ def rank_main(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             if name in BUFFERED and fused:  # two per layer in each of the 3 steps (all within FUSED_MAX_ROWS)
                 assert sym.fused_calls == 3 * 2 * arch.num_hidden_layers, sym.fused_calls
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # both ranks done before either tears gloo down (a rank once aborted at teardown)
+        dist.barrier()  # neither rank tears gloo down while the other may still be talking to it
         dist.destroy_process_group()
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
