@@ -126,7 +126,7 @@ def section_model(model: str, args, bw: float, tokenizer) -> dict:
         floor = variant_floor(arch, bw, context, label)
         t0 = time.perf_counter()
         llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, kv_cache_dtype=kv, seed=0,
-                  tokenizer=args.tokenizer, pdl=args.pdl, **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
+                  tokenizer=args.tokenizer, **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
         load_s = time.perf_counter() - t0
         lat = run_latency(llm, 1, args.input_len, args.output_len, iters=2, warmup_iters=1)
         step_ms = lat["decode_step_ms"]["mean"]
@@ -172,8 +172,6 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", default="bf16,fp8,fp8+kv",
                     help=f"what runs per model, bf16 first: {', '.join(f'{k} (quantization {q}, KV {kv})' for k, (q, kv) in VARIANTS.items())}")
-    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                    help="the engine option (on by default): programmatic dependent launch on Hopper")
     args = ap.parse_args()
     from tritongen.fetch import resolve_model
     from tritongen.tokenizer import load_tokenizer

@@ -65,8 +65,6 @@ def main() -> None:
                     help="a new prompt of this many tokens joins every measured step (0: decode only)")
     ap.add_argument("--mixed-cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="the engine option (on by default): capture mixed steps too")
-    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                    help="the engine option (on by default): programmatic dependent launch on Hopper")
     ap.add_argument("--sync-debug", action="store_true",
                     help="after the profile, run the steps again and list where the host blocked on the device")
     args = ap.parse_args()
@@ -74,7 +72,7 @@ def main() -> None:
         torch.cuda.synchronize = lambda: None  # noqa: E731 - a smoke run of the script
     llm = LLM(args.model, dtype="bfloat16" if args.device == "cuda" else "float32", device=args.device,
               quantization=args.quantization, max_num_seqs=max(256, args.batch),
-              mixed_cuda_graphs=args.mixed_cuda_graphs, pdl=args.pdl)
+              mixed_cuda_graphs=args.mixed_cuda_graphs)
     eng = llm.engine
     modes = {"async": (True, True), "pipelined": (True, False), "sequential": (False, False)}
     for name in args.modes.split(","):

@@ -34,10 +34,6 @@ class ModelConfig:
     fused_silu_mul: bool = True
     """Triton backend: let the MLP's stacked gate/up GEMM apply SiLU·mul in its epilogue for decode
     batches where that measures faster at load than the GEMM and the SiLU·mul kernel."""
-    pdl: bool = True
-    """Triton backend on compute capability 9.0+ (Hopper): programmatic dependent launch of the decode
-    step's kernels, each starting (and prefetching its weights to L2) while the one before finishes.
-    --no-pdl launches them one after the other."""
     quantization: Optional[str] = None
     """fp8: quantize the linear layers (not lm_head) of a bf16/fp16 checkpoint to FP8 e4m3 at load,
     per output channel. Unset: the checkpoint's own dtype, or its quantization_config for FP8

@@ -12,14 +12,52 @@ decode-sized inputs (at most triton_gemv.MAX_ROWS rows) of the shapes chosen; ev
 on cuBLAS."""
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 
 from tritongen.ops import reference
 from tritongen.ops.fp8 import Fp8Tokens, quantize_tokens
-from tritongen.ops.kernel_choices import KernelChoices, active, current, use_triton  # noqa: F401 - the API
+
+
+@dataclass
+class KernelChoices:
+    """The kernels of one engine's model (CUDA tensors; CPU tensors always take the reference)."""
+
+    triton: bool = False
+    """The Triton per-token kernels and, where `gemm` / `gated` say so, the skinny GEMMs."""
+    gemm: dict = field(default_factory=dict)
+    """(N, K, dtype, row bucket) -> skinny GEMM configuration, or None for cuBLAS (select_kernels)."""
+    gated: dict = field(default_factory=dict)
+    """(2N, K, dtype, row bucket) -> fused gate/up + SiLU·mul configuration, or None (select_gated_kernels)."""
+
+
+_default = KernelChoices()
+_active: ContextVar[Optional[KernelChoices]] = ContextVar("tritongen_kernel_choices", default=None)
+
+
+def use_triton(enabled: bool) -> None:
+    """The process default outside any `active` block (no skinny GEMM choices of its own)."""
+    _default.triton = enabled
+
+
+@contextlib.contextmanager
+def active(choices: KernelChoices) -> Iterator[KernelChoices]:
+    """Dispatch with `choices` in this thread (and its context) until the block ends."""
+    token = _active.set(choices)
+    try:
+        yield choices
+    finally:
+        _active.reset(token)
+
+
+def current() -> KernelChoices:
+    choices = _active.get()
+    return _default if choices is None else choices
 
 
 def _impl(x: torch.Tensor):

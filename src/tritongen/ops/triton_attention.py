@@ -36,13 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops import triton_pdl
 from tritongen.ops.attention_metadata import AttentionMetadata, is_fp8_cache, kv_cache_scales
 from tritongen.ops.triton_elementwise import rope_row
 from tritongen.ops.triton_gemv import split_workspace
 from tritongen.ops.triton_kv_fp8 import from_cache, inverse_scales, rotate_keys_into_cache, to_cache
 from tritongen.ops.triton_kv_write import rotary_write_kv_triton, write_kv_cache_triton
-from tritongen.ops.triton_pdl import await_inputs
 
 
 @triton.jit
@@ -292,9 +290,8 @@ def _decode_attn_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr,
     ROTARY: tl.constexpr, WRITE: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
-    FP8: tl.constexpr, PDL: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    await_inputs(PDL)
     seq = tl.program_id(0)  # grid (num_seqs, num_kv_heads, NUM_SPLITS); the module docstring says why
     kvh = tl.program_id(1)
     t = tl.load(QSL + seq)  # the sequence's one query token, at position seq_len - 1
@@ -374,7 +371,7 @@ def _split_decode(q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N, PAGE=meta.block_size,
         NUM_SPLITS=splits, USE_WINDOW=bool(sliding_window), ROTARY=cos is not None, WRITE=k is not None,
         ALIBI=alibi_slopes is not None, SOFTCAP=logit_softcap is not None, IEEE=q.dtype == torch.float32,
-        FP8=is_fp8_cache(kv_cache), **triton_pdl.launch(q),
+        FP8=is_fp8_cache(kv_cache),
     )
 
 

@@ -19,9 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops import triton_pdl
 from tritongen.ops.triton_fp8_quant import store_quantized_row
-from tritongen.ops.triton_pdl import await_inputs
 
 
 def wide_row_warps(block: int) -> int:
@@ -48,10 +46,9 @@ def _scale(x, rstd, W, cols, ok, w_offset, OUT_DTYPE: tl.constexpr, OFFSET: tl.c
 
 @triton.jit
 def _rms_norm_kernel(X, W, Y, Q, QS, stride_x, stride_y, N, eps, w_offset, BLOCK: tl.constexpr,
-                     OFFSET: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
+                     OFFSET: tl.constexpr, QUANT: tl.constexpr):
     # QUANT: the row (rounded to Y's dtype, as stored otherwise) goes to Q/QS quantized per token
     # instead of to Y (Y then only names the dtype and is not written).
-    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -100,10 +97,10 @@ def _add_residual(X, R, S, row, stride_x, stride_r, N, cols, ok):
 
 
 def _row_launch(x2: torch.Tensor) -> dict:
-    """BLOCK (the power of two that holds a row of x2), num_warps (wide_row_warps) and PDL
-    (triton_pdl.launch) of a one-program-per-row kernel over x2."""
+    """BLOCK (the power of two that holds a row of x2) and num_warps (wide_row_warps) of a
+    one-program-per-row kernel over x2."""
     block = triton.next_power_of_2(x2.shape[1])
-    return {"BLOCK": block, "num_warps": wide_row_warps(block), **triton_pdl.launch(x2)}
+    return {"BLOCK": block, "num_warps": wide_row_warps(block)}
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -114,9 +111,8 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 @triton.jit
 def _add_rms_norm_kernel(X, R, W, Y, S, Q, QS, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
-                         OFFSET: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):
+                         OFFSET: tl.constexpr, QUANT: tl.constexpr):
     # QUANT: as in _rms_norm_kernel (the sum still goes to S).
-    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -143,11 +139,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _norm_add_rms_norm_kernel(X, R, W1, W2, Y, S, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr,
-                              PDL: tl.constexpr):
+def _norm_add_rms_norm_kernel(X, R, W1, W2, Y, S, stride_x, stride_r, N, eps, w_offset, BLOCK: tl.constexpr):
     # _rms_norm_kernel's row with an offset weight (Gemma's), rounded as it stores it, then
     # _add_rms_norm_kernel on it: the same arithmetic in one pass over the row.
-    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -301,8 +295,7 @@ def silu_mul(g, u, dtype: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    await_inputs(PDL)
+def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -312,10 +305,9 @@ def _silu_mul_kernel(G, U, Y, stride_g, stride_u, N, BLOCK: tl.constexpr, PDL: t
 
 
 @triton.jit
-def _silu_mul_fp8_kernel(G, U, Q, QS, Y, stride_g, stride_u, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_fp8_kernel(G, U, Q, QS, Y, stride_g, stride_u, N, BLOCK: tl.constexpr):
     # One program per row: silu(g) * u rounded to Y's dtype (Y names it and is not written), then
     # quantized per token to Q / QS.
-    await_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -340,7 +332,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if g2.shape[0]:
         block = 1024
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(g2.shape[1], block))](
-            g2, u2, y, g2.stride(0), u2.stride(0), g2.shape[1], BLOCK=block, **triton_pdl.launch(g2))
+            g2, u2, y, g2.stride(0), u2.stride(0), g2.shape[1], BLOCK=block)
     return y.view(gate.shape)
 
 

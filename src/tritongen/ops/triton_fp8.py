@@ -37,10 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops import triton_fp8_quant, triton_pdl
+from tritongen.ops import triton_fp8_quant
 from tritongen.ops.fp8_scales import Fp8Scales
 from tritongen.ops.triton_gemv import split_k_range, split_k_sum, split_workspace
-from tritongen.ops.triton_pdl import await_inputs, prefetch_rows
 
 _KIND = {"channel": 0, "tensor": 1, "block": 2}
 TOKEN_MAX_ROWS = 16
@@ -51,8 +50,7 @@ TOKEN_MAX_ROWS = 16
 def _fp8_weight_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                      stride_sn, SCALE_KIND: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K). SPLIT_K == 1: one pass over K, straight to
     # Y (PART, COUNTS, K_PER_SPLIT unused). SPLIT_K > 1: split program_id(2) covers
     # [split * K_PER_SPLIT, +K_PER_SPLIT) of K (K_PER_SPLIT a multiple of BLOCK_K, so every BLOCK_K
@@ -65,8 +63,6 @@ def _fp8_weight_gemm(X, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_x
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
     n_ok = n < N
-    prefetch_rows(W, tl.minimum(n, N - 1), stride_wn, k_start, k_end, PDL, PREFETCH)
-    await_inputs(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
     x_rows = X + m[:, None].to(tl.int64) * stride_xm
@@ -110,8 +106,7 @@ def _fp8_epilogue(acc, S, B, Y, m, n, m_ok, n_ok, stride_ym, SCALE_KIND: tl.cons
 @triton.jit
 def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                      SCALE_KIND: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-                     PREFETCH: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), 1, SPLIT_K); XQ e4m3 [M <= BLOCK_M, K], XS its float32 row scales.
     # Splits as in _fp8_weight_gemm; the row scales apply before the split sum (the same per row).
     pid_n = tl.program_id(0)
@@ -120,8 +115,6 @@ def _fp8_tokens_gemm(XQ, XS, W, S, B, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, str
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = m < M
     n_ok = n < N
-    prefetch_rows(W, tl.minimum(n, N - 1), stride_wn, k_start, k_end, PDL, PREFETCH)
-    await_inputs(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     w_rows = W + n[:, None].to(tl.int64) * stride_wn
     x_rows = XQ + m[:, None] * stride_xm
@@ -225,7 +218,7 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scales: Fp
         x2.stride(0), q.stride(0), y.stride(0), s.stride(0) if s.dim() == 2 else 0,
         SCALE_KIND=_KIND[scales.kind], SCALE_BN=bn, SCALE_BK=bk, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-        PREFETCH=triton_pdl.prefetchable(q), num_warps=warps, **triton_pdl.launch(x2))
+        num_warps=warps)
     return y.reshape(*shape[:-1], n)
 
 
@@ -251,8 +244,7 @@ def fp8_tokens_linear(xq: torch.Tensor, xs: torch.Tensor, q: torch.Tensor, scale
     _fp8_tokens_gemm[(tiles, 1, split_k)](
         xq, xs, q, s, bias if bias is not None else s, y, part, counts, m, n, k, _k_per_split(k, split_k, block_k),
         xq.stride(0), q.stride(0), y.stride(0), SCALE_KIND=_KIND[scales.kind], HAS_BIAS=bias is not None,
-        BLOCK_M=TOKEN_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, PREFETCH=triton_pdl.prefetchable(q),
-        num_warps=config["num_warps"], **triton_pdl.launch(xq))
+        BLOCK_M=TOKEN_MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=config["num_warps"])
     return y
 
 

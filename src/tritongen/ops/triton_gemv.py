@@ -28,9 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritongen.ops import triton_pdl
 from tritongen.ops.triton_elementwise import silu_and_mul, silu_mul
-from tritongen.ops.triton_pdl import await_inputs, prefetch_rows
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +87,11 @@ def split_k_range(K, K_PER_SPLIT, SPLIT_K: tl.constexpr, AXIS: tl.constexpr):
 @triton.jit
 def _skinny_gemm_kernel(X, W, Y, PART, COUNTS, M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                        SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N), SPLIT_K). SPLIT_K == 1: one pass over K, straight to Y (PART and COUNTS
     # unused). SPLIT_K > 1: see _split_k_reduce.
     pid_n = tl.program_id(0)
     k_start, k_end = split_k_range(K, K_PER_SPLIT, SPLIT_K, 1)
-    prefetch_rows(W, tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1), stride_wn, k_start, k_end, PDL,
-                  PREFETCH)
-    await_inputs(PDL)
     acc, m, n, m_ok, n_ok = tile_product(X, W, pid_n, M, N, K, k_start, k_end, stride_xm, stride_wn,
                                          BLOCK_M, BLOCK_N, BLOCK_K, IEEE, False)
     y_ptrs = Y + m[:, None] * stride_ym + n[None, :]
@@ -170,8 +165,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         _skinny_gemm_kernel[(tiles, split_k)](
             x, weight, y, part, counts, M, N, K, k_per_split, x.stride(0), weight.stride(0), y.stride(0),
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32,
-            PREFETCH=triton_pdl.prefetchable(weight), num_warps=num_warps, num_stages=num_stages,
-            **triton_pdl.launch(x))
+            num_warps=num_warps, num_stages=num_stages)
     if bias is None:
         return y
     return y.add_(bias) if out is not None else y + bias
@@ -179,13 +173,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 @triton.jit
 def _gated_gemm_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     # Grid (cdiv(N, BLOCK_N),): gate and up columns of one N tile, then SiLU·mul on the tile.
-    gate_rows = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
-    prefetch_rows(W, gate_rows, stride_wn, 0, K, PDL, PREFETCH)
-    prefetch_rows(W, gate_rows + N, stride_wn, 0, K, PDL, PREFETCH)
-    await_inputs(PDL)
     acc, m, n, m_ok, n_ok = tile_product(X, W, tl.program_id(0), M, N, K, 0, K, stride_xm, stride_wn,
                                          BLOCK_M, BLOCK_N, BLOCK_K, IEEE, True)
     gate, up = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), (0, 2, 1)))
@@ -216,9 +205,8 @@ def gated_skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int =
     if M:
         _gated_gemm_kernel[(triton.cdiv(N2 // 2, block_n),)](
             x, weight, y, M, N2 // 2, K, x.stride(0), weight.stride(0), y.stride(0), BLOCK_M=BLOCK_M,
-            BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32,
-            PREFETCH=triton_pdl.prefetchable(weight), num_warps=num_warps, num_stages=num_stages,
-            **triton_pdl.launch(x))
+            BLOCK_N=block_n, BLOCK_K=block_k, IEEE=x.dtype == torch.float32, num_warps=num_warps,
+            num_stages=num_stages)
     return y
 
 

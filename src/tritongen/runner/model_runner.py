@@ -104,11 +104,7 @@ class ModelRunner:
         self.kernels = kernels.KernelChoices(triton=self.attention_backend == "triton")
         """This engine's kernel dispatch, active around each of its forward passes."""
         if self.kernels.triton:
-            from tritongen.ops import triton_pdl
-
-            self.kernels.pdl = model_config.pdl and triton_pdl.supported(self.device)
-            with kernels.active(self.kernels):  # timed as the step launches them
-                self._select_decode_gemms(model_config.fused_silu_mul)
+            self._select_decode_gemms(model_config.fused_silu_mul)
         if shard is not None and shard.custom_all_reduce and symmetric.wanted(self.device, shard.world_size):
             # With the Triton kernels, small batches also fuse the all-reduce into the next RMSNorm.
             p = shard.config
