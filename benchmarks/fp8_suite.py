@@ -99,11 +99,8 @@ def variant_floor(arch, bw: float, context: int, label: str) -> float:
     """Batch-1 decode floor of a variant: bf16 or FP8 linear weights (lm_head stays bf16), and a
     bf16 or FP8 (one byte an element) KV cache."""
     quant, kv = VARIANTS[label]
-    if quant is None:
-        return roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw))["floor_s"]
-    head = arch.vocab_size * arch.hidden_size
-    weights = (roofline.matmul_params(arch) - head) * 1 + head * 2
-    return (weights + context * roofline.kv_bytes_per_token(arch, "fp8" if kv == "fp8" else "bfloat16")) / bw
+    return roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw), quant,
+                                      "fp8" if kv == "fp8" else None)["floor_s"]
 
 
 def section_model(model: str, args, bw: float, tokenizer) -> dict:

@@ -6,7 +6,9 @@ with the tokenizer beside it; both engines load that directory. Workloads:
   offline  sharegpt-like-1000 as token ids (the same ids, output lengths, ignore_eos) in one generate
   serving  the same requests as text through each one's OpenAI server at concurrency 128, with our
            load generator (bench.loadgen, the `tritongen bench serve` path)
-Greedy everywhere, prefix caching off on both. Every engine runs in its own process (a worker
+FP8: `--quantization fp8 --vllm-kwargs '{"quantization": "fp8"}'` (both quantize the bf16
+checkpoint at load; add `--kv-cache-dtype fp8` and vLLM's "kv_cache_dtype" for the cache); the
+floors then count FP8 weight (and KV) bytes. Greedy everywhere, prefix caching off on both. Every engine runs in its own process (a worker
 process for bs1 + offline, a server process for serving, started on a free 127.0.0.1 port and
 stopped by PID), one at a time: each takes most of the GPU. Prints ours/peer ratios with the
 roofline fraction (floors from the copy bandwidth and GEMM rate each worker measures on the GPU;
@@ -226,8 +228,11 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
     hw = roofline.Hardware(**(ours.get("ceilings") or other.get("ceilings") or {}))
     state["hardware"] = {"bandwidth": hw.bandwidth, "flops": hw.flops}
     out = []
+    # Our options' weight and KV bytes (--quantization, --kv-cache-dtype): pass the peer the same ones.
+    quant = getattr(args, "quantization", None)
+    kv = "fp8" if str(getattr(args, "kv_cache_dtype", None)).startswith("fp8") else None
     floor_ms = 1e3 * roofline.decode_step_floor(arch, args.dtype, [args.bs1_input_len + args.bs1_output_len // 2],
-                                                hw)["floor_s"]
+                                                hw, quant, kv)["floor_s"]
     frac = lambda ms: floor_ms / ms if ms else None  # noqa: E731
     fa, fb = frac(get(ours, "bs1", "decode_ms_per_step")), frac(get(other, "bs1", "decode_ms_per_step"))
     for key, name, unit in (("tok_s", "bs1 tok/s (e2e)", "tok/s"), ("decode_ms_per_step", "bs1 decode ms/step", "ms")):
@@ -236,7 +241,8 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
                        fraction=fa, unit=unit, note=f"floor {floor_ms:.3f} ms/step; peer fraction {_f(fb)}"))
     # Each side's floor at its own batch limit: fewer sequences per step means more weight reads.
     batch = {side: (run.get("config") or {}).get("max_num_seqs") or 256 for side, run in (("ours", ours), ("peer", other))}
-    floors = {side: roofline.dataset_floor(arch, args.dtype, pairs, b, hw)["floor_s"] for side, b in batch.items()}
+    floors = {side: roofline.dataset_floor(arch, args.dtype, pairs, b, hw, quant, kv)["floor_s"]
+              for side, b in batch.items()}
     state["offline_floor_s"] = floors["ours"]
     state["offline_floors"] = {"ours": {"max_batch": batch["ours"], "floor_s": floors["ours"]},
                                "peer": {"max_batch": batch["peer"], "floor_s": floors["peer"]}}

@@ -36,6 +36,26 @@ def test_dataset_floor_adds_prefill_and_decode():
     assert many["floor_s"] < 64 * one["floor_s"] / 2  # batching amortises the weight reads
 
 
+def test_fp8_weights_halve_the_linear_bytes_but_not_lm_head_and_fp8_kv_halves_the_cache():
+    arch = read_arch("dummy:llama-2-7b")
+    head = arch.vocab_size * arch.hidden_size
+    bf16 = roofline.decode_step_floor(arch, "bfloat16", [256])
+    fp8 = roofline.decode_step_floor(arch, "bfloat16", [256], quantization="fp8")
+    assert fp8["weight_bytes"] == (bf16["weight_bytes"] - 2 * head) // 2 + 2 * head
+    assert fp8["kv_bytes"] == bf16["kv_bytes"]
+    kv8 = roofline.decode_step_floor(arch, "bfloat16", [256], quantization="fp8", kv_dtype="fp8")
+    assert kv8["kv_bytes"] * 2 == bf16["kv_bytes"]
+    assert 0.5 < fp8["floor_s"] / bf16["floor_s"] < 0.53  # lm_head's 262 MB stay bf16
+    # Prefill at FP8's doubled tensor-core rate; decode reads fewer bytes.
+    pairs = [(512, 64)] * 32
+    full = roofline.dataset_floor(arch, "bfloat16", pairs, 32)
+    quant = roofline.dataset_floor(arch, "bfloat16", pairs, 32, quantization="fp8")
+    assert 0.5 < quant["prefill_s"] / full["prefill_s"] < 0.52  # attention stays at the bf16 rate
+    assert quant["decode_s"] < 0.75 * full["decode_s"]  # the KV cache (bf16) is a third of the bytes here
+    with pytest.raises(ValueError, match="unknown quantization 'int4'"):
+        roofline.decode_step_floor(arch, "bfloat16", [1], quantization="int4")
+
+
 def test_cli_prints_step_and_dataset_floor(capsys):
     assert main(["bench", "roofline", "--model", "dummy:llama-2-7b", "--dtype", "bfloat16", "--context-len", "128",
                  "--measured-ms", "6.24", "--dataset", "random:128:256", "--num-prompts", "4", "--max-batch", "4"]) == 0

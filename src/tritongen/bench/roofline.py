@@ -68,23 +68,47 @@ def kv_bytes_per_token(arch: ModelArch, dtype: str) -> int:
     return 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * dtype_bytes(dtype)
 
 
+QUANTIZATIONS = (None, "fp8")
+
+
+def weight_bytes(arch: ModelArch, dtype: str, quantization: str | None = None) -> int:
+    """Bytes of the parameters a token multiplies (matmul_params): all in `dtype`, or with
+    quantization "fp8" the linear layers at one byte each while lm_head stays in `dtype` (what
+    `--quantization fp8` loads; the norms' few weights are counted at one byte too)."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose from {QUANTIZATIONS}")
+    if quantization is None:
+        return matmul_params(arch) * dtype_bytes(dtype)
+    head = arch.vocab_size * arch.hidden_size
+    return (matmul_params(arch) - head) + head * dtype_bytes(dtype)
+
+
+def _matmul_rate(hw: Hardware, quantization: str | None) -> float:
+    """FLOP/s of the linear layers: hw.flops (the model's dtype), twice it on FP8 tensor cores."""
+    return hw.flops * (2 if quantization == "fp8" else 1)
+
+
 def _attn_flops_per_token(arch: ModelArch, context: float) -> float:
     return 4.0 * context * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers
 
 
-def decode_step_floor(arch: ModelArch, dtype: str, context_lens: list[int], hw: Hardware = Hardware()) -> dict:
-    """Floor of one decode step of len(context_lens) sequences (each context includes the new token)."""
-    weights = matmul_params(arch) * dtype_bytes(dtype)
-    kv = sum(context_lens) * kv_bytes_per_token(arch, dtype)
-    flops = 2.0 * matmul_params(arch) * len(context_lens) + sum(_attn_flops_per_token(arch, c) for c in context_lens)
-    t_mem, t_compute = (weights + kv) / hw.bandwidth, flops / hw.flops
+def decode_step_floor(arch: ModelArch, dtype: str, context_lens: list[int], hw: Hardware = Hardware(),
+                      quantization: str | None = None, kv_dtype: str | None = None) -> dict:
+    """Floor of one decode step of len(context_lens) sequences (each context includes the new token);
+    `quantization` and `kv_dtype` (default `dtype`) as the engine's --quantization / --kv-cache-dtype."""
+    weights = weight_bytes(arch, dtype, quantization)
+    kv = sum(context_lens) * kv_bytes_per_token(arch, kv_dtype or dtype)
+    mm_flops = 2.0 * matmul_params(arch) * len(context_lens)
+    attn_flops = sum(_attn_flops_per_token(arch, c) for c in context_lens)
+    flops = mm_flops + attn_flops
+    t_mem, t_compute = (weights + kv) / hw.bandwidth, mm_flops / _matmul_rate(hw, quantization) + attn_flops / hw.flops
     return {"batch_size": len(context_lens), "weight_bytes": weights, "kv_bytes": kv, "flops": flops,
             "memory_s": t_mem, "compute_s": t_compute, "floor_s": max(t_mem, t_compute),
             "bound": "memory" if t_mem >= t_compute else "compute"}
 
 
 def dataset_floor(arch: ModelArch, dtype: str, pairs: list[tuple[int, int]], max_batch: int,
-                  hw: Hardware = Hardware()) -> dict:
+                  hw: Hardware = Hardware(), quantization: str | None = None, kv_dtype: str | None = None) -> dict:
     """Floor of serving every (prompt_len, output_len) pair with at most max_batch sequences per step.
 
     Prefill is compute-bound. Decode (output tokens after the first, which prefill yields) needs at
@@ -92,17 +116,18 @@ def dataset_floor(arch: ModelArch, dtype: str, pairs: list[tuple[int, int]], max
     plus every token's KV context once per generated token.
     """
     p_mm = matmul_params(arch)
+    mm_rate = _matmul_rate(hw, quantization)
     prompt_tokens = sum(p for p, _ in pairs)
-    prefill_flops = sum(2.0 * p_mm * p + _attn_flops_per_token(arch, p / 2) * p for p, _ in pairs)
+    prefill_s = sum(2.0 * p_mm * p / mm_rate + _attn_flops_per_token(arch, p / 2) * p / hw.flops for p, _ in pairs)
     decode_tokens = sum(max(o - 1, 0) for _, o in pairs)
     steps = max(-(-decode_tokens // max_batch), max((o - 1 for _, o in pairs), default=0))
     # Context read when generating token t (1-based after the first) of a request: p + t.
     context_sum = sum((o - 1) * p + (o - 1) * o / 2 for p, o in pairs if o > 1)
-    decode_bytes = steps * p_mm * dtype_bytes(dtype) + context_sum * kv_bytes_per_token(arch, dtype)
-    decode_flops = 2.0 * p_mm * decode_tokens + 4.0 * context_sum * arch.num_attention_heads * arch.head_dim \
-        * arch.num_hidden_layers
-    prefill_s = prefill_flops / hw.flops
-    decode_s = max(decode_bytes / hw.bandwidth, decode_flops / hw.flops)
+    decode_bytes = steps * weight_bytes(arch, dtype, quantization) \
+        + context_sum * kv_bytes_per_token(arch, kv_dtype or dtype)
+    decode_s = max(decode_bytes / hw.bandwidth,
+                   2.0 * p_mm * decode_tokens / mm_rate
+                   + 4.0 * context_sum * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / hw.flops)
     output_tokens = sum(o for _, o in pairs)
     floor = prefill_s + decode_s
     return {"num_requests": len(pairs), "max_batch": max_batch, "prompt_tokens": prompt_tokens,
