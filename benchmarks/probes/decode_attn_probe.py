@@ -7,6 +7,8 @@ device's copy rate and the rate of a plain sum over 4 GiB (reads only, as attent
 
     PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py
     PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py --sweep --shapes 7b --batches 128 --contexts 512
+    PYTHONPATH=$PWD/src python3 benchmarks/probes/decode_attn_probe.py --sweep --shapes 7b --batches 256 \
+        --contexts 512 --configs 64/4/3 --kv-dtypes bf16,fp8
 """
 from __future__ import annotations
 
@@ -16,19 +18,26 @@ import torch
 
 from tritongen.ops import triton_attention as ta
 from tritongen.ops.attention import build_attention_metadata
+from tritongen.ops.attention_metadata import FP8_KV_DTYPE, set_kv_cache_scales
 from tritongen.ops.triton_gemv import graph_time_us
 
 SHAPES = {"7b": (32, 32), "13b": (40, 40), "13b-tp2": (20, 20), "llama3-8b": (32, 8)}  # (q heads, kv heads)
 
 
-def _case(heads: int, kv_heads: int, batch: int, ctx: int, block: int = 16, d: int = 128, shuffle: bool = False):
+def _case(heads: int, kv_heads: int, batch: int, ctx: int, block: int = 16, d: int = 128, shuffle: bool = False,
+          fp8: bool = False):
     """(query, metadata, caches) of a decode batch: `batch` sequences of `ctx` cached tokens, each
-    sequence's blocks adjacent, or (shuffle) scattered over the cache as a long-running server's are."""
+    sequence's blocks adjacent, or (shuffle) scattered over the cache as a long-running server's are;
+    bf16 caches, or (fp8) float8 e4m3 ones with scales of 1 (--kv-cache-dtype fp8)."""
     blocks_per_seq = -(-ctx // block)
     copies = 4  # distinct caches cycled through, so the context is read from HBM, not L2
     num_blocks = batch * blocks_per_seq
     caches = [torch.randn(2, num_blocks, block, kv_heads, d, device="cuda", dtype=torch.bfloat16)
               for _ in range(copies)]
+    if fp8:
+        caches = [c.to(FP8_KV_DTYPE) for c in caches]
+        for c in caches:
+            set_kv_cache_scales(c, 1.0, 1.0)
     order = torch.randperm(num_blocks).tolist() if shuffle else list(range(num_blocks))
     tables = [order[i * blocks_per_seq:(i + 1) * blocks_per_seq] for i in range(batch)]
     meta = build_attention_metadata([1] * batch, [ctx] * batch, tables, block, "cuda")
@@ -49,10 +58,11 @@ def time_case(heads: int, kv_heads: int, batch: int, ctx: int, split: bool, d: i
 SWEEP = [(block_n, warps, stages) for block_n in (32, 64, 128) for warps in (2, 4, 8) for stages in (1, 2, 3, 4)]
 
 
-def sweep(heads: int, kv_heads: int, batch: int, ctx: int, configs: list, shuffle: bool, d: int = 128) -> None:
+def sweep(heads: int, kv_heads: int, batch: int, ctx: int, configs: list, shuffle: bool, d: int = 128,
+          fp8: bool = False) -> None:
     """`configs` of the unsplit kernel on one decode batch; the default (64, 4, 3) first."""
-    q, meta, caches = _case(heads, kv_heads, batch, ctx, d=d, shuffle=shuffle)
-    gbytes = 2 * batch * ctx * kv_heads * d * 2 / 1e9  # K and V, bf16
+    q, meta, caches = _case(heads, kv_heads, batch, ctx, d=d, shuffle=shuffle, fp8=fp8)
+    gbytes = 2 * batch * ctx * kv_heads * d * caches[0].element_size() / 1e9  # K and V
     base = None
     for block_n, warps, stages in [(64, 4, 3)] + [c for c in configs if c != (64, 4, 3)]:
         out = torch.empty_like(q)
@@ -85,17 +95,18 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="configurations of the unsplit kernel instead")
     ap.add_argument("--configs", default="all", help="with --sweep: all, or BLOCK_N/warps/stages,... (64/4/3,128/4/3)")
     ap.add_argument("--shuffle", default="0", help="with --sweep: 0, 1 or 0,1: blocks adjacent, scattered, or both")
+    ap.add_argument("--kv-dtypes", default="bf16", help="with --sweep: bf16, fp8 or bf16,fp8 (the cache's element type)")
     args = ap.parse_args()
     if args.sweep:
         print(f"references over 4 GiB: {read_rates()}", flush=True)
         configs = SWEEP if args.configs == "all" else [tuple(map(int, c.split("/"))) for c in args.configs.split(",")]
         for name in args.shapes.split(","):
             for batch in map(int, args.batches.split(",")):
-                for ctx, shuffle in [(c, s) for c in map(int, args.contexts.split(","))
-                                     for s in map(int, args.shuffle.split(","))]:
-                    print(f"{name} batch {batch} ctx {ctx} {'scattered' if shuffle else 'adjacent'} blocks",
+                for ctx, shuffle, kv in [(c, s, k) for c in map(int, args.contexts.split(","))
+                                         for s in map(int, args.shuffle.split(",")) for k in args.kv_dtypes.split(",")]:
+                    print(f"{name} batch {batch} ctx {ctx} {'scattered' if shuffle else 'adjacent'} blocks, {kv} cache",
                           flush=True)
-                    sweep(*SHAPES[name], batch, ctx, configs, bool(shuffle))
+                    sweep(*SHAPES[name], batch, ctx, configs, bool(shuffle), fp8=kv == "fp8")
         return
     print(f"{'shape':<10} {'batch':>5} {'ctx':>6} {'splits':>6} {'unsplit us':>10} {'split us':>9} {'x':>6}")
     for name in args.shapes.split(","):
