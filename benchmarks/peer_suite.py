@@ -8,11 +8,11 @@ with the tokenizer beside it; both engines load that directory. Workloads:
            load generator (bench.loadgen, the `tritongen bench serve` path)
 FP8: `--quantization fp8 --vllm-kwargs '{"quantization": "fp8"}'` (both quantize the bf16
 checkpoint at load; add `--kv-cache-dtype fp8` and vLLM's "kv_cache_dtype" for the cache); the
-floors then count FP8 weight (and KV) bytes. Greedy everywhere, prefix caching off on both. Every engine runs in its own process (a worker
-process for bs1 + offline, a server process for serving, started on a free 127.0.0.1 port and
-stopped by PID), one at a time: each takes most of the GPU. Prints ours/peer ratios with the
-roofline fraction (floors from the copy bandwidth and GEMM rate each worker measures on the GPU;
-DESIGN.md's H200 ceilings on the CPU) and writes JSON.
+floors then count FP8 weight (and KV) bytes. Greedy everywhere, prefix caching off on both. Every
+engine runs in its own process (a worker process for bs1 + offline, a server process for serving,
+started on a free 127.0.0.1 port and stopped by PID), one at a time: each takes most of the GPU.
+Prints ours/peer ratios with the roofline fraction (floors from the copy bandwidth and GEMM rate
+each worker measures on the GPU; DESIGN.md's H200 ceilings on the CPU) and writes JSON.
 
 GPU machine, the peer installed from the carried parts (benchmarks/peers/install_vllm.sh, or
 install_lmdeploy.sh with /tmp/peer-site-lmdeploy and --peer lmdeploy: its PyTorch engine):
@@ -44,6 +44,7 @@ if str(ROOT / "src") not in sys.path:
 import gpu_serving  # noqa: E402  (benchmarks/: its server lifecycle and load runs)
 
 from tritongen.bench import peers  # noqa: E402
+from tritongen.config import CacheConfig  # noqa: E402
 from tritongen.config_cli import add_engine_args, engine_kwargs  # noqa: E402
 
 WORKLOADS = ("bs1", "offline", "serving")
@@ -229,8 +230,8 @@ def rows(state: dict, peer: str, arch, args, pairs: list[tuple[int, int]]) -> li
     state["hardware"] = {"bandwidth": hw.bandwidth, "flops": hw.flops}
     out = []
     # Our options' weight and KV bytes (--quantization, --kv-cache-dtype): pass the peer the same ones.
-    quant = getattr(args, "quantization", None)
-    kv = "fp8" if str(getattr(args, "kv_cache_dtype", None)).startswith("fp8") else None
+    quant = args.quantization
+    kv = "fp8" if CacheConfig(kv_cache_dtype=args.kv_cache_dtype).fp8_kv_cache else None
     floor_ms = 1e3 * roofline.decode_step_floor(arch, args.dtype, [args.bs1_input_len + args.bs1_output_len // 2],
                                                 hw, quant, kv)["floor_s"]
     frac = lambda ms: floor_ms / ms if ms else None  # noqa: E731
