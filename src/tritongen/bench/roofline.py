@@ -126,8 +126,7 @@ def dataset_floor(arch: ModelArch, dtype: str, pairs: list[tuple[int, int]], max
     decode_bytes = steps * weight_bytes(arch, dtype, quantization) \
         + context_sum * kv_bytes_per_token(arch, kv_dtype or dtype)
     decode_s = max(decode_bytes / hw.bandwidth,
-                   2.0 * p_mm * decode_tokens / mm_rate
-                   + 4.0 * context_sum * arch.num_attention_heads * arch.head_dim * arch.num_hidden_layers / hw.flops)
+                   2.0 * p_mm * decode_tokens / mm_rate + _attn_flops_per_token(arch, context_sum) / hw.flops)
     output_tokens = sum(o for _, o in pairs)
     floor = prefill_s + decode_s
     return {"num_requests": len(pairs), "max_batch": max_batch, "prompt_tokens": prompt_tokens,
