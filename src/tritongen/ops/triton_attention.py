@@ -20,8 +20,9 @@ scratch, counted in as triton_gemv's split-K does. Decode batches large enough t
 unsplit take the KV write and the prefill kernel instead.
 
 An fp8 cache (float8 e4m3, ops/attention_metadata.py) is a constexpr FP8 flag of every kernel:
-the writes store x / scale quantized, the attention dequantizes each K/V tile in float32 as it
-loads it (ops/triton_kv_fp8.py); the per-layer scales are kernel scalars.
+the writes store x / scale quantized; the attention multiplies the stored e4m3 values as float16
+(16-bit queries: k_scale on the scores, V's tiles times v_scale in float16) or dequantizes each
+tile in float32 (float32 queries) (ops/triton_kv_fp8.py); the per-layer scales are kernel scalars.
 
 Everything here takes device tensors only (no host lists), so decode steps can be captured in
 CUDA graphs. The pure-PyTorch twin is ops/reference.py; tests/gpu compares them. With
@@ -39,7 +40,7 @@ import triton.language as tl
 from tritongen.ops.attention_metadata import AttentionMetadata, is_fp8_cache, kv_cache_scales
 from tritongen.ops.triton_elementwise import rope_row
 from tritongen.ops.triton_gemv import split_workspace
-from tritongen.ops.triton_kv_fp8 import from_cache, inverse_scales, rotate_keys_into_cache, to_cache
+from tritongen.ops.triton_kv_fp8 import fp8_queries, from_cache, inverse_scales, rotate_keys_into_cache, to_cache
 from tritongen.ops.triton_kv_write import rotary_write_kv_triton, write_kv_cache_triton
 
 
@@ -61,13 +62,19 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
     softmax state (m_i, l_i, acc) of q's rows. Scores: scaled, capped (SOFTCAP), plus the rows'
     slopes times each key's position (ALIBI), as reference.attend orders them. Visible: slots n_ok;
     with CAUSAL only keys at or before each row's q_pos, and with USE_WINDOW only the last `window`.
-    An FP8 cache's tiles are dequantized (k_scale, v_scale) as they are loaded."""
+    An FP8 cache's tiles: with float16 queries (fp8_queries) the stored values in float16, k_scale
+    on the scores and V's tiles times v_scale in float16 as they are converted (the multiply keeps
+    the conversion in the load's layout, before the tile goes through shared memory: the tensor
+    cores' transposed ldmatrix takes 16-bit tiles, not 8-bit ones); with float32 ones dequantized as
+    they are loaded."""
     blk = tl.load(BT + seq * stride_bt + n // PAGE, mask=n_ok, other=0)
     off = blk.to(tl.int64) * stride_kb + (n % PAGE) * stride_ks + kvh * stride_kh
     kv_mask = n_ok[:, None] & d_ok[None, :]
-    k = from_cache(tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0), k_scale, q.dtype, FP8)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    k = tl.load(K + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8 and not IEEE:
+        qk = tl.dot(q, tl.trans(k.to(tl.float16))) * (scale * k_scale)
+    elif IEEE:
+        qk = tl.dot(q, tl.trans(from_cache(k, k_scale, q.dtype, FP8)), input_precision="ieee") * scale
     else:
         qk = tl.dot(q, tl.trans(k)) * scale
     if SOFTCAP:  # c * tanh(s / c), tanh as 1 - 2 / (e^2x + 1): saturates to +-1 without NaN
@@ -85,8 +92,11 @@ def _attend_tile(q, K, V, BT, seq, kvh, n, n_ok, q_pos, window, d, d_ok, m_i, l_
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = from_cache(tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0), v_scale, q.dtype, FP8)
-    if IEEE:
+    v = tl.load(V + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if FP8 and not IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16) * tl.cast(v_scale, tl.float16))
+    elif IEEE:
+        v = from_cache(v, v_scale, q.dtype, FP8)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -128,6 +138,7 @@ def _paged_attn_kernel(
     d_ok = d < HEAD_DIM
     q = tl.load(Q + (q_start + tok)[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = fp8_queries(q, FP8, IEEE)
     slopes = _row_slopes(SLOPES, head, row_ok, BLOCK_M, ALIBI)
     q_pos = ctx + tok
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -321,6 +332,7 @@ def _decode_attn_kernel(
                              stride_cs, stride_ch, HEAD_DIM, BLOCK_D, FP8)
             tl.debug_barrier()  # every thread's stores are visible to every thread's tile loads
     slopes = _row_slopes(SLOPES, head, row_ok, BLOCK_M, ALIBI)
+    q = fp8_queries(q, FP8, IEEE)
     m_i, l_i, acc = _attend_keys(q, KC, VC, BT, seq, kvh, lo, start, end, d, d < HEAD_DIM, scale, slopes, softcap,
                                  k_scale, v_scale, stride_bt, stride_cb, stride_cs, stride_ch, BLOCK_M, BLOCK_D,
                                  BLOCK_N, PAGE, ALIBI, SOFTCAP, IEEE, FP8)

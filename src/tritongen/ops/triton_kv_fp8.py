@@ -29,11 +29,25 @@ def to_cache(x, inv_scale, FP8: tl.constexpr):
 
 @triton.jit
 def from_cache(x, scale, dtype: tl.constexpr, FP8: tl.constexpr):
-    """A tile loaded from the cache as the attention takes it: itself, or with FP8 stored * scale in
-    float32, then in `dtype` (the queries') for tl.dot."""
+    """A tile loaded from the cache as float32 attention (IEEE) takes it: itself, or with FP8
+    stored * scale in float32, then in `dtype` (the queries') for tl.dot. 16-bit queries take the
+    stored values as they are (fp8_queries)."""
     if FP8:
         x = (x.to(tl.float32) * scale).to(dtype)
     return x
+
+
+@triton.jit
+def fp8_queries(q, FP8: tl.constexpr, IEEE: tl.constexpr):
+    """The queries as the attention multiplies them: themselves, or over an FP8 cache with 16-bit
+    queries, in float16 (clamped to its +-65504): the cache's e4m3 tiles then convert to float16
+    exactly, one instruction per two values, and go to the tensor cores as stored, the layer's
+    scales applied to the float32 scores (k_scale) and to V's float16 tiles (v_scale). Dequantizing
+    every element (float32, times the scale, rounded to bf16) cost more issue slots than the tile's
+    bytes took to load, so an FP8 cache read no faster than a bf16 one."""
+    if FP8 and not IEEE:
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+    return q
 
 
 @triton.jit
