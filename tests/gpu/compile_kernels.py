@@ -111,10 +111,9 @@ def _attention_configs(dtype: str, hq: int, hk: int, d: int, window: bool = Fals
         # alone; in a mixed batch; in a mixed step's CUDA graph (the prompts from SEQ_MAP)
         for block_m, rows, mapped in ((small, 0, False), (64, 0, False), (small, 1, False),
                                       (max(small, 64), 2, False), (max(small, 64), 2, True)):
-            fp8_decode = fp8 and dtype != "fp32" and d <= 128 and rows != 2 and block_m == small
+            keys = ta.single_row_block_n(fp8, dtype == "fp32", d) if rows != 2 and block_m == small else 64
             out.append((ta._paged_attn_kernel, dtype, dict(
-                GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m,
-                BLOCK_N=ta.FP8_DECODE_BLOCK_N if fp8_decode else 64, PAGE=16,
+                GROUP=group, HEAD_DIM=d, BLOCK_D=max(16, d), BLOCK_M=block_m, BLOCK_N=keys, PAGE=16,
                 USE_WINDOW=use_window, ROWS=rows, MAPPED=mapped, **terms)))
         for rotary, write in ((False, True), (False, False)) if alibi else ((True, True),):
             out.append((ta._decode_attn_kernel, dtype, dict(

@@ -34,8 +34,8 @@ from test_triton_kernels import CASES, DECODE_CASES, _qkv_case, _random_case  # 
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 # float32 queries take the dequantizing path, 16-bit ones the float16 tensor-core path (fp8_queries);
-# the interpreter computes bf16 through numpy float32, and there two fused-decode cases of bf16 miss
-# the tolerance by one element before and after that path, so it checks the float16 one.
+# the interpreter computes bf16 through numpy float32, where two fused-decode cases of bf16 miss the
+# tolerance by one element, so it checks float16 as the 16-bit dtype.
 DTYPES = [torch.float32, torch.float16] if INTERPRET else [torch.float32, torch.bfloat16, torch.float16]
 SCALES = [(1.0, 1.0), (0.5, 2.0)] if INTERPRET else [(1.0, 1.0), (0.37, 2.5)]
 # The model-dtype tests' tolerances (2e-5, 2e-2) scaled for values ~7.5x theirs (3x, v_scale 2.5).

@@ -171,6 +171,11 @@ DECODE_BLOCK_N = 64
 FP8_DECODE_BLOCK_N = 128
 
 
+def single_row_block_n(fp8_cache: bool, float32: bool, head_dim: int) -> int:
+    """Keys a tile of _paged_attn_kernel's single-token launches (prompt tiles take 64)."""
+    return FP8_DECODE_BLOCK_N if fp8_cache and not float32 and head_dim <= 128 else 64
+
+
 def decode_splits(num_seqs: int, num_kv_heads: int) -> int:
     """How many pieces each context of a decode batch is split into (a power of two; 1 = unsplit:
     the KV write and the prefill kernel): the fewest that give SPLIT_TARGET_PROGRAMS programs, at
@@ -413,9 +418,9 @@ def _paged_launch(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
         launches = [(small, 0, None)]
     else:  # prompts only (or a mixed batch whose metadata lists none: correct, in 64-row tiles)
         launches = [(max(small, 64), 0, None)]
-    fp8_decode = is_fp8_cache(kv_cache) and q.dtype != torch.float32 and q.shape[2] <= 128
+    single = single_row_block_n(is_fp8_cache(kv_cache), q.dtype == torch.float32, q.shape[2])
     for block_m, rows, seq_map in launches:
-        keys = block_n or (FP8_DECODE_BLOCK_N if fp8_decode and rows != 2 and block_m == small else 64)
+        keys = block_n or (single if rows != 2 and block_m == small else 64)
         _paged_tiles(q, kv_cache, meta, out, scale, sliding_window, alibi_slopes, logit_softcap, keys, block_m,
                      rows, seq_map, **launch)
 
