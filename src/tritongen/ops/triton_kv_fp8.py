@@ -43,8 +43,8 @@ def fp8_queries(q, FP8: tl.constexpr, IEEE: tl.constexpr):
     queries, in float16 (clamped to its +-65504): the cache's e4m3 tiles then convert to float16
     exactly, one instruction per two values, and go to the tensor cores as stored, the layer's
     scales applied to the float32 scores (k_scale) and to V's float16 tiles (v_scale). Dequantizing
-    every element (float32, times the scale, rounded to bf16) cost more issue slots than the tile's
-    bytes took to load, so an FP8 cache read no faster than a bf16 one."""
+    every element instead (float32, times the scale, rounded to bf16) costs more issue slots than
+    the tile's bytes take to load (docs/benchmarks.md, "The fp8 cache's attention")."""
     if FP8 and not IEEE:
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     return q
