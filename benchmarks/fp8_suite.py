@@ -92,15 +92,18 @@ def section_gemms(model: str) -> dict:
 
 
 # label -> (quantization, kv_cache_dtype)
-VARIANTS = {"bf16": (None, "auto"), "fp8": ("fp8", "auto"), "fp8+kv": ("fp8", "fp8")}
+VARIANTS = {"bf16": (None, "auto", False), "fp8": ("fp8", "auto", False), "fp8+kv": ("fp8", "fp8", False),
+            "fp8+head": ("fp8", "auto", True)}
+"""label: (quantization, kv_cache_dtype, quantize_lm_head)."""
 
 
 def variant_floor(arch, bw: float, context: int, label: str) -> float:
-    """Batch-1 decode floor of a variant: bf16 or FP8 linear weights (lm_head stays bf16), and a
-    bf16 or FP8 (one byte an element) KV cache."""
-    quant, kv = VARIANTS[label]
-    return roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw), quant,
-                                      "fp8" if kv == "fp8" else None)["floor_s"]
+    """Batch-1 decode floor of a variant: bf16 or FP8 linear weights (lm_head bf16 unless the variant
+    quantizes it), and a bf16 or FP8 (one byte an element) KV cache."""
+    quant, kv, head = VARIANTS[label]
+    floor = roofline.decode_step_floor(arch, "bfloat16", [context], roofline.Hardware(bandwidth=bw), quant,
+                                       "fp8" if kv == "fp8" else None)["floor_s"]
+    return floor - (arch.vocab_size * arch.hidden_size / bw if head else 0.0)  # memory-bound: a byte less a weight
 
 
 def section_model(model: str, args, bw: float, tokenizer) -> dict:
@@ -119,10 +122,11 @@ def section_model(model: str, args, bw: float, tokenizer) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=0)
     data, answers = {}, {}
     for label in labels:
-        quant, kv = VARIANTS[label]
+        quant, kv, head = VARIANTS[label]
         floor = variant_floor(arch, bw, context, label)
         t0 = time.perf_counter()
-        llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, kv_cache_dtype=kv, seed=0,
+        llm = LLM(model, dtype=args.dtype, device=args.device, quantization=quant, kv_cache_dtype=kv,
+                  quantize_lm_head=head, seed=0,
                   tokenizer=args.tokenizer, **({"kv_cache_memory_gb": 0.1} if args.device == "cpu" else {}))
         load_s = time.perf_counter() - t0
         lat = run_latency(llm, 1, args.input_len, args.output_len, iters=2, warmup_iters=1)
@@ -168,7 +172,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a check of this script (with a tiny model)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", default="bf16,fp8,fp8+kv",
-                    help=f"what runs per model, bf16 first: {', '.join(f'{k} (quantization {q}, KV {kv})' for k, (q, kv) in VARIANTS.items())}")
+                    help="what runs per model, bf16 first: " + ", ".join(
+                        f"{k} (quantization {q}, KV {kv}{', lm_head fp8' if h else ''})" for k, (q, kv, h) in VARIANTS.items()))
     args = ap.parse_args()
     from tritongen.fetch import resolve_model
     from tritongen.tokenizer import load_tokenizer

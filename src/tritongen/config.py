@@ -38,6 +38,15 @@ class ModelConfig:
     """fp8: quantize the linear layers (not lm_head) of a bf16/fp16 checkpoint to FP8 e4m3 at load,
     per output channel. Unset: the checkpoint's own dtype, or its quantization_config for FP8
     checkpoints (HF "fp8", compressed-tensors float-quantized), which load as published."""
+    quantize_lm_head: bool = False
+    """With quantization fp8: quantize lm_head too, per output channel (a tied embedding keeps its
+    table in the model dtype; lm_head gets its own FP8 copy). Off: lm_head stays in the model dtype,
+    as vLLM keeps it. Not with tensor parallelism, nor on FP8 checkpoints (their quantization_config
+    names the layers left unquantized)."""
+
+    def __post_init__(self) -> None:
+        if self.quantize_lm_head and self.quantization != "fp8":
+            raise ValueError(f"quantize_lm_head needs quantization='fp8', got quantization={self.quantization!r}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,11 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.quantize_lm_head and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("quantize_lm_head is not supported with tensor_parallel_size > 1 "
+                             "(lm_head is split over the vocabulary)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -112,3 +112,36 @@ def test_fp8_producers_are_marked_only_where_the_model_hands_tokens(preset, prod
         got = (layer.self_attn.qkv_proj.producer, layer.mlp.gate_up_proj.producer, layer.mlp.down_proj.producer)
         assert all(isinstance(m, Fp8Linear) for m in (layer.self_attn.qkv_proj, layer.mlp.down_proj))
         assert got == producers
+
+
+def test_quantize_lm_head_gives_a_tied_model_an_fp8_head_and_keeps_its_embedding():
+    """--quantize-lm-head: lm_head (tied to the embedding here) becomes an Fp8Linear of its own,
+    per output channel, while the embedding table stays in the model dtype; logits are that
+    layer's product, and generation moves only by e4m3's rounding of the head."""
+    from tritongen.ops.fp8 import fp8_linear_ref
+
+    kw = dict(dtype="float32", device="cpu", quantization="fp8", kv_cache_memory_gb=0.1)
+    base = LLM("dummy:tiny-llama-mha", **kw)
+    head = LLM("dummy:tiny-llama-mha", quantize_lm_head=True, **kw)
+    bm, hm = base.engine.runner.model, head.engine.runner.model
+    assert bm.arch.tie_word_embeddings and bm.lm_head.weight is bm.model.embed_tokens.weight
+    assert isinstance(hm.lm_head, Fp8Linear) and hm.lm_head.scales == Fp8Scales("channel")
+    assert hm.model.embed_tokens.weight.dtype == torch.float32
+    torch.testing.assert_close(hm.model.embed_tokens.weight, bm.model.embed_tokens.weight, rtol=0, atol=0)
+    table = bm.model.embed_tokens.weight
+    dequantized = hm.lm_head.weight.float() * hm.lm_head.weight_scale[:, None]
+    assert 0 < (dequantized - table).abs().max() <= table.abs().max() * 2 ** -3
+    h = torch.randn(3, bm.arch.hidden_size, generator=torch.Generator().manual_seed(2))
+    want = fp8_linear_ref(h, hm.lm_head.weight, hm.lm_head.weight_scale, hm.lm_head.scales, dynamic=False)
+    torch.testing.assert_close(hm.compute_logits(h), want.float())
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0)
+    ours, theirs = head.generate([[5, 17, 300, 42]], params)[0], base.generate([[5, 17, 300, 42]], params)[0]
+    first = abs(ours.logprobs[0].logprob - theirs.logprobs[0].logprob)
+    assert 0 < first < 0.25, first
+
+
+def test_quantize_lm_head_without_fp8_or_with_tensor_parallelism_is_refused():
+    with pytest.raises(ValueError, match="quantize_lm_head needs quantization='fp8'"):
+        LLM("dummy:tiny-llama", device="cpu", quantize_lm_head=True)
+    with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
+        LLM("dummy:tiny-llama", device="cpu", quantization="fp8", quantize_lm_head=True, tensor_parallel_size=2)

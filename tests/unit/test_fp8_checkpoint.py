@@ -93,3 +93,16 @@ def test_make_fp8_layers_builds_empty_layers_on_meta_for_a_checkpoint():
     hf = plan_for({"quantization_config": HF_FP8}, None)
     assert checkpoint_name("mlp.up_proj.weight_scale_inv", hf) == "mlp.up_proj.weight_scale"
     assert checkpoint_name("mlp.up_proj.weight", hf) == "mlp.up_proj.weight"
+
+
+def test_quantize_lm_head_leaves_no_layer_out_and_is_refused_where_it_cannot_apply():
+    torch.manual_seed(0)
+    model = _Tiny()
+    plan = plan_for({}, "fp8", quantize_lm_head=True)
+    assert not plan.skips("lm_head") and plan_for({}, "fp8").skips("lm_head")
+    assert quantize_layers(model, plan) == ["mlp.up_proj", "mlp.down_proj", "mlp.gate", "lm_head"]
+    assert isinstance(model.lm_head, Fp8Linear) and type(model.embed) is nn.Embedding
+    with pytest.raises(ValueError, match="quantize_lm_head applies to quantization='fp8'.*got quantization=None"):
+        plan_for({}, None, quantize_lm_head=True)
+    with pytest.raises(ValueError, match="pre-quantized"):
+        plan_for({"quantization_config": _compressed("channel")}, "fp8", quantize_lm_head=True)

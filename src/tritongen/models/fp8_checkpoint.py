@@ -54,14 +54,21 @@ class Fp8Plan:
         return False
 
 
-def plan_for(hf_config: dict, quantization: Optional[str]) -> Optional[Fp8Plan]:
+def plan_for(hf_config: dict, quantization: Optional[str], quantize_lm_head: bool = False) -> Optional[Fp8Plan]:
     """The FP8 plan of a checkpoint (its quantization_config) and the `quantization` option; None
-    for a plain model. ValueError names what is unsupported."""
+    for a plain model. `quantize_lm_head` (with quantization "fp8" on a checkpoint without a
+    quantization_config) leaves no layer out. ValueError names what is unsupported."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {[q for q in QUANTIZATIONS if q]} or unset, got {quantization!r}")
     qc = hf_config.get("quantization_config")
+    if quantize_lm_head and (quantization != "fp8" or qc is not None):
+        raise ValueError("quantize_lm_head applies to quantization='fp8' on a bf16/fp16 checkpoint"
+                         + ("; this one is pre-quantized and its quantization_config names the layers left out"
+                            if qc is not None else f", got quantization={quantization!r}"))
     if qc is None:
-        return Fp8Plan(Fp8Scales("channel"), scale_suffix=None) if quantization == "fp8" else None
+        if quantization != "fp8":
+            return None
+        return Fp8Plan(Fp8Scales("channel"), scale_suffix=None, skip=() if quantize_lm_head else DEFAULT_SKIP)
     if not isinstance(qc, dict):
         raise ValueError("config.json quantization_config must be an object")
     method = qc.get("quant_method")

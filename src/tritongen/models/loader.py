@@ -75,7 +75,7 @@ def read_arch(model: str) -> ModelArch:
 
 def load_model(
     model: str, dtype: torch.dtype, device: torch.device, seed: int = 0, split: Optional[ModelSplit] = None,
-    quantization: Optional[str] = None,
+    quantization: Optional[str] = None, quantize_lm_head: bool = False,
 ) -> tuple[CausalLM, ModelArch]:
     """(model in eval mode on `device` in `dtype`, its arch). Dummy weights are deterministic in seed
     and device type (they are drawn on the device, so CPU and CUDA draws differ).
@@ -83,14 +83,17 @@ def load_model(
     FP8 (models/fp8_checkpoint.py): a checkpoint with an FP8 quantization_config gets Fp8Linear
     layers filled from its tensors; `quantization="fp8"` on another one quantizes its linear
     layers once loaded, per output channel (fuse_projections stacks them as they are, which gives
-    the same tensors as quantizing the stacks).
+    the same tensors as quantizing the stacks); lm_head too with `quantize_lm_head` (not with a
+    `split`: the tensor-parallel lm_head gathers its vocab slices).
 
     With a `split` (a tensor-parallel rank's), the model has the part's shapes and only the part's
     slice of each tensor is read from the checkpoint (dummy weights: drawn whole one tensor at a time
     and sliced, so every world size gets the same model)."""
     device = torch.device(device)
     arch = read_arch(model)
-    plan = fp8_plan(model, quantization)
+    plan = fp8_plan(model, quantization, quantize_lm_head)
+    if quantize_lm_head and split is not None:
+        raise ValueError("quantize_lm_head is not supported with tensor parallelism (lm_head is split over the vocab)")
     prequantized = plan if plan is not None and plan.prequantized else None
     if prequantized is not None and split is not None:
         raise ValueError("FP8 checkpoints load without tensor parallelism for now (their scales are not sharded)")
@@ -107,11 +110,12 @@ def load_model(
     return net.eval(), arch
 
 
-def fp8_plan(model: str, quantization: Optional[str]) -> Optional["Fp8Plan"]:
-    """The FP8 plan of `model` (its quantization_config) and the `quantization` option; None: plain."""
+def fp8_plan(model: str, quantization: Optional[str], quantize_lm_head: bool = False) -> Optional["Fp8Plan"]:
+    """The FP8 plan of `model` (its quantization_config) and the `quantization` and
+    `quantize_lm_head` options; None: plain."""
     from tritongen.models.fp8_checkpoint import plan_for
 
-    return plan_for(hf_config_dict(model), quantization)
+    return plan_for(hf_config_dict(model), quantization, quantize_lm_head)
 
 
 def build_empty_model(arch: ModelArch, dtype: torch.dtype, device: torch.device,

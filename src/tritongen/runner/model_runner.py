@@ -91,7 +91,8 @@ class ModelRunner:
 
             split = model_split(arch, shard)
         self.model, self.arch = load_model(model_path, self.dtype, self.device, seed=model_config.seed,
-                                           split=split, quantization=model_config.quantization)
+                                           split=split, quantization=model_config.quantization,
+                                           quantize_lm_head=model_config.quantize_lm_head)
         self.model.eval()
         if self.device.type == "cuda":
             self.model.fuse_projections()  # fewer, larger GEMMs; the state dict keeps HF names
