@@ -19,7 +19,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)[: args.limit or None]
     summary = run_parity(args.model, prompts, args.max_tokens, args.chat, against=args.against, dtype=args.dtype,
                          device=args.device, seed=args.seed, enable_prefix_caching=False,
-                         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization)
+                         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+                         quantize_lm_head=args.quantize_lm_head)
     print(format_parity(summary))
     if args.show:
         for i, row in enumerate(summary["per_prompt"]):
@@ -73,6 +74,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of dummy weights")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="split our engine over N ranks")
     p.add_argument("--quantization", default=None, help="fp8: our engine quantizes the linear layers at load")
+    p.add_argument("--quantize-lm-head", action="store_true", help="with --quantization fp8: lm_head too")
     p.add_argument("--against", choices=["hf", "bf16"], default="hf",
                    help="hf: HF transformers on the same weights; bf16: our engine unquantized (same --dtype)")
     p.add_argument("--prompts", default="builtin", help="builtin | FILE.txt (one per line) | FILE.jsonl")

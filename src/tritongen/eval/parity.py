@@ -127,10 +127,10 @@ def run_parity(model: str, prompts: list[str], max_tokens: int = 64, chat: bool 
         llm.shutdown()
     else:
         llm.shutdown()  # one engine at a time: each sizes its KV cache from the free memory
-        ref = LLM(model, **{**engine_kwargs, "quantization": None})
+        ref = LLM(model, **{**engine_kwargs, "quantization": None, "quantize_lm_head": False})
         refs = [(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in ref.generate(ids, params)]
         ref.shutdown()
-        dtype += f" {engine_kwargs['quantization']}"
+        dtype += f" {engine_kwargs['quantization']}" + (" + lm_head" if engine_kwargs.get("quantize_lm_head") else "")
     per_prompt, ours_text, ref_text = [], [], []
     for (our_ids, our_lps), (ref_ids, ref_lps) in zip(outs, refs):
         per_prompt.append(compare(our_ids, our_lps, ref_ids, ref_lps))
