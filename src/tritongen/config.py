@@ -44,10 +44,6 @@ class ModelConfig:
     as vLLM keeps it. Not with tensor parallelism, nor on FP8 checkpoints (their quantization_config
     names the layers left unquantized)."""
 
-    def __post_init__(self) -> None:
-        if self.quantize_lm_head and self.quantization != "fp8":
-            raise ValueError(f"quantize_lm_head needs quantization='fp8', got quantization={self.quantization!r}")
-
 
 @dataclass(frozen=True)
 class CacheConfig:

@@ -141,7 +141,7 @@ def test_quantize_lm_head_gives_a_tied_model_an_fp8_head_and_keeps_its_embedding
 
 
 def test_quantize_lm_head_without_fp8_or_with_tensor_parallelism_is_refused():
-    with pytest.raises(ValueError, match="quantize_lm_head needs quantization='fp8'"):
+    with pytest.raises(ValueError, match="quantize_lm_head applies to quantization='fp8'.*got quantization=None"):
         LLM("dummy:tiny-llama", device="cpu", quantize_lm_head=True)
     with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
         LLM("dummy:tiny-llama", device="cpu", quantization="fp8", quantize_lm_head=True, tensor_parallel_size=2)
