@@ -4,6 +4,8 @@ logprobs of transformers loading the same checkpoint (dequantized); `quantizatio
 bf16 checkpoint equals loading the per-channel checkpoint written from it; bad options fail by name."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -77,6 +79,41 @@ def test_prequantized_checkpoints_match_transformers(bf16_dir, tmp_path, default
         want_ids, want_lps = hf_greedy(hf, prompt, MAX_TOKENS)
         assert ids == want_ids, len(prompt)
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(want_lps), atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_a_tied_lm_head_stays_the_embedding_whatever_the_checkpoint_ignores(bf16_dir, tmp_path, default_model_dir):
+    """A tied model stores no lm_head of its own: with an `ignore` list that does not name lm_head
+    the head still is the embedding table, in the model dtype, as with the usual ["lm_head"]."""
+    pytest.importorskip("compressed_tensors")
+    config = transformers.AutoConfig.from_pretrained(bf16_dir)
+    config.tie_word_embeddings = True
+    tied = transformers.LlamaForCausalLM.from_pretrained(bf16_dir, config=config)
+    tied.lm_head.weight = tied.model.embed_tokens.weight  # the file's own lm_head is not the embedding
+    tied.save_pretrained(tmp_path / "tied")
+    runs = []
+    for skip in ([], ["lm_head"]):
+        path = write_fp8_checkpoint(tmp_path / "tied", tmp_path / f"fp8-{len(skip)}", "compressed-tensors",
+                                    skip=skip)
+        llm = LLM(str(path), tokenizer=default_model_dir, **ENGINE)
+        model = llm.engine.runner.model
+        assert isinstance(model.model.layers[0].mlp.down_proj, Fp8Linear)
+        assert not isinstance(model.lm_head, Fp8Linear)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert model.lm_head.weight.dtype == torch.float32
+        runs.append(_generate(llm))
+    assert runs[0] == runs[1]
+
+
+def test_an_fp8_tensor_of_a_layer_the_config_leaves_out_is_refused_by_name(bf16_dir, tmp_path, default_model_dir):
+    """lm_head stored in FP8 while quantization_config's ignore list keeps it in the model dtype:
+    copying it would drop its scales, so loading stops and names the tensor."""
+    path = write_fp8_checkpoint(bf16_dir, tmp_path / "fp8", "compressed-tensors", skip=[])
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["ignore"] = ["lm_head"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="lm_head.weight is stored in torch.float8_e4m3fn but the model keeps"
+                                         " lm_head.weight in torch.float32"):
+        LLM(str(path), tokenizer=default_model_dir, **ENGINE)
 
 
 def test_quantization_at_load_equals_the_written_per_channel_checkpoint(bf16_dir, tmp_path, default_model_dir):

@@ -136,8 +136,11 @@ def fp8_linear_names(model: nn.Module, plan: Fp8Plan) -> list[str]:
 
 def make_fp8_layers(model: nn.Module, plan: Fp8Plan) -> list[str]:
     """Replace the plan's linear layers by empty Fp8Linear ones (on the layer's device, meta
-    included), to be filled from a pre-quantized checkpoint; returns their names."""
-    names = fp8_linear_names(model, plan)
+    included), to be filled from a pre-quantized checkpoint; returns their names. A tied lm_head
+    is the embedding table (the checkpoint stores no weight of its own for it) and stays with it,
+    whatever the plan's skip list says."""
+    tied = getattr(getattr(model, "arch", None), "tie_word_embeddings", False)
+    names = [n for n in fp8_linear_names(model, plan) if not (tied and n == "lm_head")]
     for name in names:
         old = model.get_submodule(name)
         new = Fp8Linear(old.in_features, old.out_features, old.bias is not None, plan.scales,

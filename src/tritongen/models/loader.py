@@ -51,6 +51,7 @@ class ModelSplit:
 DUMMY_PREFIX = "dummy:"
 # Old checkpoints saved the rotary buffer; we recompute it.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def is_dummy(model: str) -> bool:
@@ -266,6 +267,10 @@ def load_checkpoint(model: CausalLM, path: Path, spec: Optional[SpecFn] = None,
                     unexpected.append(file_name)
                     continue
                 tensor = _read(value, spec(name) if spec is not None else None)
+                if tensor.dtype in _FP8_DTYPES and param.dtype not in _FP8_DTYPES:
+                    raise ValueError(f"{file_name} is stored in {tensor.dtype} but the model keeps {name} in"
+                                     f" {param.dtype}: the checkpoint's quantization_config leaves it out"
+                                     " (or lacks one), and its scales would be lost")
                 if param.shape != tensor.shape:
                     raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
                 param.copy_(tensor)
