@@ -88,7 +88,7 @@ def test_a_tied_lm_head_stays_the_embedding_whatever_the_checkpoint_ignores(bf16
     config = transformers.AutoConfig.from_pretrained(bf16_dir)
     config.tie_word_embeddings = True
     tied = transformers.LlamaForCausalLM.from_pretrained(bf16_dir, config=config)
-    tied.lm_head.weight = tied.model.embed_tokens.weight  # the file's own lm_head is not the embedding
+    tied.lm_head.weight = tied.model.embed_tokens.weight  # tie them: the untied file has its own lm_head
     tied.save_pretrained(tmp_path / "tied")
     runs = []
     for skip in ([], ["lm_head"]):
