@@ -155,7 +155,7 @@ def test_quantize_lm_head_gives_a_tied_model_an_fp8_head_and_keeps_its_embedding
     """--quantize-lm-head: lm_head (tied to the embedding here) becomes an Fp8Linear of its own,
     per output channel, while the embedding table stays in the model dtype; logits are that
     layer's product, and generation moves only by e4m3's rounding of the head."""
-    from tritongen.ops.fp8 import fp8_linear_ref
+    from tritongen.ops.fp8 import dequantize_weight, fp8_linear_ref
 
     kw = dict(dtype="float32", device="cpu", quantization="fp8", kv_cache_memory_gb=0.1)
     base = LLM("dummy:tiny-llama-mha", **kw)
@@ -166,7 +166,7 @@ def test_quantize_lm_head_gives_a_tied_model_an_fp8_head_and_keeps_its_embedding
     assert hm.model.embed_tokens.weight.dtype == torch.float32
     torch.testing.assert_close(hm.model.embed_tokens.weight, bm.model.embed_tokens.weight, rtol=0, atol=0)
     table = bm.model.embed_tokens.weight
-    dequantized = hm.lm_head.weight.float() * hm.lm_head.weight_scale[:, None]
+    dequantized = dequantize_weight(hm.lm_head.weight, hm.lm_head.weight_scale, hm.lm_head.scales)
     assert 0 < (dequantized - table).abs().max() <= table.abs().max() * 2 ** -3
     h = torch.randn(3, bm.arch.hidden_size, generator=torch.Generator().manual_seed(2))
     want = fp8_linear_ref(h, hm.lm_head.weight, hm.lm_head.weight_scale, hm.lm_head.scales, dynamic=False)
